@@ -1,0 +1,126 @@
+"""SQLAlchemy 2 models of the agentbatch store.
+
+Timestamps are float seconds since the epoch (wall clock of the process that wrote them): cheap to
+compare, exact enough for step timings, and identical on SQLite and PostgreSQL.
+
+A `Step` row is one *attempt* of one step of a sample: (sample_id, index, attempt) is unique. A step
+that was running when the process died is marked `abandoned` on resume and tried again as the next
+attempt, so the history of every try stays visible.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class BatchStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class SampleStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class StepStatus(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"  # was running when the process died
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(20), default=BatchStatus.PENDING)
+    created_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    samples: Mapped[list[Sample]] = relationship(back_populates="batch", cascade="all, delete-orphan")
+
+
+class Sample(Base):
+    __tablename__ = "samples"
+    __table_args__ = (UniqueConstraint("batch_id", "index"), Index("ix_samples_task", "task_id"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    task_id: Mapped[str] = mapped_column(String(200))
+    task: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(20), default=SampleStatus.PENDING)
+    steps_done: Mapped[int] = mapped_column(Integer, default=0)
+    score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    admitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+
+    batch: Mapped[Batch] = relationship(back_populates="samples")
+
+
+class Step(Base):
+    __tablename__ = "steps"
+    __table_args__ = (
+        UniqueConstraint("sample_id", "index", "attempt"),
+        Index("ix_steps_batch_status", "batch_id", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    sample_id: Mapped[int] = mapped_column(ForeignKey("samples.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(20))  # StepKind value
+    status: Mapped[str] = mapped_column(String(20), default=StepStatus.RUNNING)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    enqueued_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)  # engine worker or env slot
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cached_prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    recomputed_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    output_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    prefill_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    decode_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    engine_queue_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # queue inside the engine
+    tool_calls: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    request: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    task_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class Worker(Base):
+    """An engine worker or environment host that served a batch (endpoint, settings, metrics)."""
+
+    __tablename__ = "workers"
+    __table_args__ = (UniqueConstraint("batch_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(20))  # "engine" | "environment"
+    endpoint: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    settings: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

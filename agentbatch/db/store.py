@@ -1,0 +1,238 @@
+"""The store API: everything agentbatch writes to or reads from its SQL database.
+
+Each write method is one transaction. A step is recorded when it starts (status `running`) and
+completed in one transaction that also advances the sample's `steps_done`: after a crash a step is
+either completed with its response or not completed at all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from agentbatch.db.engine import make_engine, migrate, resolve_url
+from agentbatch.db.models import (
+    Batch,
+    BatchStatus,
+    Sample,
+    SampleStatus,
+    Step,
+    StepStatus,
+    Worker,
+)
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What a finished step writes back."""
+
+    response: dict[str, Any]
+    prompt_tokens: int | None = None
+    cached_prompt_tokens: int | None = None
+    recomputed_tokens: int | None = None
+    output_tokens: int | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+    engine_queue_s: float | None = None
+    tool_calls: int | None = None
+    worker: str | None = None
+
+
+class Store:
+    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+        self.url = resolve_url(url)
+        self.engine = make_engine(self.url)
+        if create:
+            migrate(self.engine)
+        self._session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def session(self) -> Session:
+        return self._session()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- batches -------------------------------------------------------------------------------
+    def create_batch(self, name: str, config: dict[str, Any], tasks: Sequence[tuple[str, dict[str, Any]]]) -> int:
+        """Create a batch and its samples (one per (task_id, task data)) in one transaction."""
+        now = time.time()
+        with self.session() as s, s.begin():
+            batch = Batch(name=name, config=config, status=BatchStatus.PENDING, created_at=now)
+            s.add(batch)
+            s.flush()
+            s.add_all(
+                Sample(batch_id=batch.id, index=i, task_id=task_id, task=data, status=SampleStatus.PENDING)
+                for i, (task_id, data) in enumerate(tasks)
+            )
+            return batch.id
+
+    def get_batch(self, batch_id: int) -> Batch | None:
+        with self.session() as s:
+            return s.get(Batch, batch_id)
+
+    def list_batches(self) -> list[Batch]:
+        with self.session() as s:
+            return list(s.scalars(select(Batch).order_by(Batch.id)))
+
+    def mark_batch_running(self, batch_id: int, flow_run_id: str | None = None) -> None:
+        with self.session() as s, s.begin():
+            batch = s.get_one(Batch, batch_id)
+            batch.status = BatchStatus.RUNNING
+            batch.started_at = batch.started_at or time.time()
+            batch.finished_at = None
+            if flow_run_id:
+                batch.flow_run_id = flow_run_id
+
+    def finish_batch(self, batch_id: int, status: BatchStatus, error: str | None = None) -> None:
+        with self.session() as s, s.begin():
+            batch = s.get_one(Batch, batch_id)
+            batch.status = status
+            batch.finished_at = time.time()
+            batch.error = error
+
+    # --- samples -------------------------------------------------------------------------------
+    def samples(self, batch_id: int, statuses: Iterable[str] | None = None) -> list[Sample]:
+        q = select(Sample).where(Sample.batch_id == batch_id)
+        if statuses is not None:
+            q = q.where(Sample.status.in_(list(statuses)))
+        with self.session() as s:
+            return list(s.scalars(q.order_by(Sample.index)))
+
+    def admit_sample(self, sample_id: int) -> None:
+        with self.session() as s, s.begin():
+            sample = s.get_one(Sample, sample_id)
+            sample.status = SampleStatus.RUNNING
+            sample.admitted_at = sample.admitted_at or time.time()
+
+    def finish_sample(
+        self, sample_id: int, *, score: float | None, result: dict[str, Any] | None, error: str | None = None
+    ) -> None:
+        with self.session() as s, s.begin():
+            sample = s.get_one(Sample, sample_id)
+            sample.status = SampleStatus.FAILED if error else SampleStatus.COMPLETED
+            sample.score = score
+            sample.result = result
+            sample.error = error
+            sample.finished_at = time.time()
+
+    def status_counts(self, batch_id: int) -> dict[str, int]:
+        q = select(Sample.status, func.count()).where(Sample.batch_id == batch_id).group_by(Sample.status)
+        with self.session() as s:
+            return {status: n for status, n in s.execute(q)}
+
+    # --- steps ---------------------------------------------------------------------------------
+    def start_step(
+        self,
+        *,
+        batch_id: int,
+        sample_id: int,
+        index: int,
+        kind: str,
+        enqueued_at: float,
+        request: dict[str, Any] | None,
+        worker: str | None = None,
+        task_run_id: str | None = None,
+    ) -> int:
+        """Record a step attempt as running; returns its row id. The attempt number is one more than
+        the highest earlier attempt of the same step."""
+        with self.session() as s, s.begin():
+            prev = s.scalar(
+                select(func.max(Step.attempt)).where(Step.sample_id == sample_id, Step.index == index)
+            )
+            step = Step(
+                batch_id=batch_id,
+                sample_id=sample_id,
+                index=index,
+                kind=kind,
+                status=StepStatus.RUNNING,
+                attempt=(prev or 0) + 1,
+                enqueued_at=enqueued_at,
+                started_at=time.time(),
+                worker=worker,
+                request=request,
+                task_run_id=task_run_id,
+            )
+            s.add(step)
+            s.flush()
+            return step.id
+
+    def complete_step(self, step_id: int, outcome: StepOutcome) -> None:
+        """Mark the attempt completed and advance the sample, atomically."""
+        with self.session() as s, s.begin():
+            step = s.get_one(Step, step_id)
+            if step.status != StepStatus.RUNNING:
+                raise RuntimeError(f"step {step_id} is {step.status}, not running")
+            step.status = StepStatus.COMPLETED
+            step.finished_at = time.time()
+            step.response = outcome.response
+            for name in (
+                "prompt_tokens",
+                "cached_prompt_tokens",
+                "recomputed_tokens",
+                "output_tokens",
+                "prefill_s",
+                "decode_s",
+                "engine_queue_s",
+                "tool_calls",
+            ):
+                setattr(step, name, getattr(outcome, name))
+            if outcome.worker:
+                step.worker = outcome.worker
+            values: dict[str, Any] = {"steps_done": Sample.steps_done + 1}
+            if step.kind == "inference" and step.worker:
+                values["last_worker"] = step.worker
+            s.execute(update(Sample).where(Sample.id == step.sample_id).values(**values))
+
+    def fail_step(self, step_id: int, error: str) -> None:
+        with self.session() as s, s.begin():
+            step = s.get_one(Step, step_id)
+            step.status = StepStatus.FAILED
+            step.finished_at = time.time()
+            step.error = error
+
+    def completed_steps(self, sample_id: int) -> list[Step]:
+        q = (
+            select(Step)
+            .where(Step.sample_id == sample_id, Step.status == StepStatus.COMPLETED)
+            .order_by(Step.index)
+        )
+        with self.session() as s:
+            return list(s.scalars(q))
+
+    def steps(self, batch_id: int) -> list[Step]:
+        with self.session() as s:
+            return list(s.scalars(select(Step).where(Step.batch_id == batch_id).order_by(Step.id)))
+
+    def abandon_running(self, batch_id: int) -> int:
+        """Mark steps left `running` by a dead process as abandoned; returns how many."""
+        with self.session() as s, s.begin():
+            result = s.execute(
+                update(Step)
+                .where(Step.batch_id == batch_id, Step.status == StepStatus.RUNNING)
+                .values(status=StepStatus.ABANDONED, error="process died while the step ran")
+            )
+            return result.rowcount or 0
+
+    # --- workers -------------------------------------------------------------------------------
+    def upsert_worker(
+        self,
+        batch_id: int,
+        name: str,
+        kind: str,
+        endpoint: str | None = None,
+        settings: dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        with self.session() as s, s.begin():
+            worker = s.scalar(select(Worker).where(Worker.batch_id == batch_id, Worker.name == name))
+            if worker is None:
+                worker = Worker(batch_id=batch_id, name=name, kind=kind)
+                s.add(worker)
+            worker.endpoint = endpoint if endpoint is not None else worker.endpoint
+            worker.settings = settings if settings is not None else worker.settings
+            worker.metrics = metrics if metrics is not None else worker.metrics

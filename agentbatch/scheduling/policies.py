@@ -1,0 +1,135 @@
+"""Policy interfaces and the baseline policies (FIFO queues, round-robin routing).
+
+A queue policy decides which waiting step gets the next free slot of a resource. A router decides
+which engine worker serves a sample's next inference call. Admission limits are plain numbers
+(`AdmissionLimits`); the coupled/decoupled distinction is a flag the executors honour.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from agentbatch.scheduling.types import StepTicket, WorkerLoad
+
+
+class QueuePolicy(ABC):
+    """An ordered set of waiting tickets. `pop` returns the one that runs next."""
+
+    def __init__(self) -> None:
+        self._seq = itertools.count()
+
+    def push(self, ticket: StepTicket) -> None:
+        ticket.seq = next(self._seq)
+        self._push(ticket)
+
+    @abstractmethod
+    def _push(self, ticket: StepTicket) -> None: ...
+
+    @abstractmethod
+    def pop(self, now: float) -> StepTicket:
+        """Remove and return the next ticket; `now` lets aging policies guard against starvation."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    def remove(self, ticket: StepTicket) -> bool:
+        """Drop a ticket that no longer waits (cancelled). Default: linear scan, override if hot."""
+        raise NotImplementedError
+
+
+class FifoQueue(QueuePolicy):
+    """First come, first served."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._items: deque[StepTicket] = deque()
+
+    def _push(self, ticket: StepTicket) -> None:
+        self._items.append(ticket)
+
+    def pop(self, now: float) -> StepTicket:
+        return self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def remove(self, ticket: StepTicket) -> bool:
+        try:
+            self._items.remove(ticket)
+            return True
+        except ValueError:
+            return False
+
+
+class PriorityQueuePolicy(QueuePolicy):
+    """Base for policies that order by a key (smaller runs first); ties by enqueue order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heap: list[tuple[tuple, int, StepTicket]] = []
+        self._removed: set[int] = set()
+
+    @abstractmethod
+    def key(self, ticket: StepTicket) -> tuple: ...
+
+    def _push(self, ticket: StepTicket) -> None:
+        heapq.heappush(self._heap, (self.key(ticket), ticket.seq, ticket))
+
+    def pop(self, now: float) -> StepTicket:
+        while True:
+            _, seq, ticket = heapq.heappop(self._heap)
+            if seq in self._removed:
+                self._removed.discard(seq)
+                continue
+            return ticket
+
+    def __len__(self) -> int:
+        return len(self._heap) - len(self._removed)
+
+    def remove(self, ticket: StepTicket) -> bool:
+        if any(t is ticket for _, _, t in self._heap) and ticket.seq not in self._removed:
+            self._removed.add(ticket.seq)
+            return True
+        return False
+
+
+class Router(ABC):
+    """Chooses the engine worker for a sample's next inference call."""
+
+    @abstractmethod
+    def route(self, ticket: StepTicket, workers: Sequence[WorkerLoad]) -> str: ...
+
+
+class RoundRobinRouter(Router):
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, ticket: StepTicket, workers: Sequence[WorkerLoad]) -> str:
+        worker = workers[self._next % len(workers)]
+        self._next += 1
+        return worker.name
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionLimits:
+    """Capacity limits an executor enforces.
+
+    max_active_samples: samples admitted at once (the reference concurrency).
+    env_slots: environment actions running at once.
+    per_worker_inflight: inference requests in flight per engine worker.
+    coupled: baseline mode where an admitted sample holds an environment slot from admission to
+      its end (inspect_ai's max_sandboxes); then max_active_samples is capped at env_slots.
+    """
+
+    max_active_samples: int = 64
+    env_slots: int = 16
+    per_worker_inflight: int = 64
+    coupled: bool = False
+
+    def effective_active(self) -> int:
+        return min(self.max_active_samples, self.env_slots) if self.coupled else self.max_active_samples

@@ -1,0 +1,27 @@
+"""Policies by name, so a batch config can select them (`queue: fifo`, `router: round_robin`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agentbatch.scheduling.policies import FifoQueue, QueuePolicy, RoundRobinRouter, Router
+
+QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {"fifo": FifoQueue}
+ROUTERS: dict[str, Callable[..., Router]] = {"round_robin": RoundRobinRouter}
+
+
+def _make(table: dict[str, Callable[..., Any]], what: str, name: str, params: dict[str, Any]) -> Any:
+    try:
+        factory = table[name]
+    except KeyError:
+        raise ValueError(f"unknown {what} {name!r}; expected one of {sorted(table)}") from None
+    return factory(**params)
+
+
+def make_queue(name: str, **params: Any) -> QueuePolicy:
+    return _make(QUEUE_POLICIES, "queue policy", name, params)
+
+
+def make_router(name: str, **params: Any) -> Router:
+    return _make(ROUTERS, "router", name, params)
