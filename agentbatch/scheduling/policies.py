@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentbatch.scheduling.types import StepTicket, WorkerLoad
+from agentbatch.scheduling.types import SampleProgress, StepTicket, WorkerLoad
 
 
 class QueuePolicy(ABC):
@@ -113,6 +113,20 @@ class RoundRobinRouter(Router):
         worker = workers[self._next % len(workers)]
         self._next += 1
         return worker.name
+
+
+class PriorityPolicy(ABC):
+    """The per-request engine priority (vLLM `priority`: lower runs first) of a sample's next call."""
+
+    @abstractmethod
+    def priority(self, sample: SampleProgress) -> int | None: ...
+
+
+class FcfsPriority(PriorityPolicy):
+    """No priority: the engine serves requests in arrival order."""
+
+    def priority(self, sample: SampleProgress) -> int | None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agentbatch.scheduling.policies import FifoQueue, QueuePolicy, RoundRobinRouter, Router
+from agentbatch.scheduling.policies import (
+    FcfsPriority,
+    FifoQueue,
+    PriorityPolicy,
+    QueuePolicy,
+    RoundRobinRouter,
+    Router,
+)
 
 QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {"fifo": FifoQueue}
 ROUTERS: dict[str, Callable[..., Router]] = {"round_robin": RoundRobinRouter}
+PRIORITIES: dict[str, Callable[..., PriorityPolicy]] = {"fcfs": FcfsPriority}
 
 
 def _make(table: dict[str, Callable[..., Any]], what: str, name: str, params: dict[str, Any]) -> Any:
@@ -25,3 +33,7 @@ def make_queue(name: str, **params: Any) -> QueuePolicy:
 
 def make_router(name: str, **params: Any) -> Router:
     return _make(ROUTERS, "router", name, params)
+
+
+def make_priority(name: str, **params: Any) -> PriorityPolicy:
+    return _make(PRIORITIES, "priority policy", name, params)
