@@ -1,0 +1,67 @@
+"""Shared fixtures: a migrated store on SQLite (a temp file) and on PostgreSQL.
+
+PostgreSQL comes from AGENTBATCH_TEST_PG_URL (`.ci/run` starts a local cluster and sets it). Each
+test gets its own fresh schema-less database state: tables are dropped and re-migrated.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from agentbatch.db.store import Store
+
+PG_URL = os.environ.get("AGENTBATCH_TEST_PG_URL", "")
+
+
+def _pg_unavailable_reason() -> str | None:
+    if not PG_URL:
+        return "AGENTBATCH_TEST_PG_URL is not set (.ci/run starts PostgreSQL and sets it)"
+    try:
+        engine = create_engine(PG_URL)
+        with engine.connect() as conn:
+            conn.execute(text("select 1"))
+        engine.dispose()
+    except Exception as exc:  # noqa: BLE001 - any connection failure means: skip
+        return f"PostgreSQL at AGENTBATCH_TEST_PG_URL is unreachable: {exc.__class__.__name__}: {exc}"
+    return None
+
+
+def _reset_pg() -> None:
+    engine = create_engine(PG_URL)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'agentbatch.sqlite'}"
+
+
+@pytest.fixture
+def pg_url() -> str:
+    reason = _pg_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    _reset_pg()
+    return PG_URL
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path) -> str:
+    """A fresh database URL, once for SQLite and once for PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'agentbatch.sqlite'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(db_url) -> Iterator[Store]:
+    s = Store(db_url)
+    yield s
+    s.close()
