@@ -1,12 +1,14 @@
 """Shared fixtures: a migrated store on SQLite (a temp file) and on PostgreSQL.
 
-PostgreSQL comes from AGENTBATCH_TEST_PG_URL (`.ci/run` starts a local cluster and sets it). Each
-test gets its own fresh schema-less database state: tables are dropped and re-migrated.
+PostgreSQL comes from AGENTBATCH_TEST_PG_URL (`.ci/run` starts a local cluster and sets it); the role
+needs CREATEDB. Each test gets a database of its own, created empty and dropped afterwards, so
+parallel test runs do not disturb each other.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -30,11 +32,10 @@ def _pg_unavailable_reason() -> str | None:
     return None
 
 
-def _reset_pg() -> None:
-    engine = create_engine(PG_URL)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
+def _admin(sql: str) -> None:
+    engine = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(sql))
     engine.dispose()
 
 
@@ -44,12 +45,15 @@ def sqlite_url(tmp_path) -> str:
 
 
 @pytest.fixture
-def pg_url() -> str:
+def pg_url() -> Iterator[str]:
     reason = _pg_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    _reset_pg()
-    return PG_URL
+    name = f"agentbatch_t_{uuid.uuid4().hex[:12]}"
+    _admin(f'CREATE DATABASE "{name}"')
+    base, _, _ = PG_URL.rpartition("/")
+    yield f"{base}/{name}"
+    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
