@@ -120,6 +120,21 @@ class Store:
             sample.error = error
             sample.finished_at = time.time()
 
+    def prior_chain_lengths(self, task_ids: Iterable[str], exclude_batch_id: int) -> dict[str, float]:
+        """Mean recorded chain length (steps) of each task id over earlier completed samples."""
+        ids = list(set(task_ids))
+        out: dict[str, float] = {}
+        for i in range(0, len(ids), 500):  # keep IN lists short for SQLite's variable limit
+            q = (
+                select(Sample.task_id, func.avg(Sample.steps_done))
+                .where(Sample.task_id.in_(ids[i : i + 500]), Sample.batch_id != exclude_batch_id,
+                       Sample.status == SampleStatus.COMPLETED)
+                .group_by(Sample.task_id)
+            )
+            with self.session() as s:
+                out.update({task_id: float(avg) for task_id, avg in s.execute(q)})
+        return out
+
     def status_counts(self, batch_id: int) -> dict[str, int]:
         q = select(Sample.status, func.count()).where(Sample.batch_id == batch_id).group_by(Sample.status)
         with self.session() as s:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agentbatch.scheduling.caas import CaasHistoryQueue, CaasQueue
 from agentbatch.scheduling.policies import (
     FcfsPriority,
     FifoQueue,
@@ -13,10 +14,23 @@ from agentbatch.scheduling.policies import (
     RoundRobinRouter,
     Router,
 )
+from agentbatch.scheduling.priority import ChainProgressPriority
+from agentbatch.scheduling.routing import LeastLoadedRouter, TrajectoryAwareRouter
 
-QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {"fifo": FifoQueue}
-ROUTERS: dict[str, Callable[..., Router]] = {"round_robin": RoundRobinRouter}
-PRIORITIES: dict[str, Callable[..., PriorityPolicy]] = {"fcfs": FcfsPriority}
+QUEUE_POLICIES: dict[str, Callable[..., QueuePolicy]] = {
+    "fifo": FifoQueue,
+    "caas": CaasQueue,
+    "caas_history": CaasHistoryQueue,
+}
+ROUTERS: dict[str, Callable[..., Router]] = {
+    "round_robin": RoundRobinRouter,
+    "least_loaded": LeastLoadedRouter,
+    "trajectory_aware": TrajectoryAwareRouter,
+}
+PRIORITIES: dict[str, Callable[..., PriorityPolicy]] = {
+    "fcfs": FcfsPriority,
+    "chain_progress": ChainProgressPriority,
+}
 
 
 def _make(table: dict[str, Callable[..., Any]], what: str, name: str, params: dict[str, Any]) -> Any:

@@ -15,6 +15,7 @@ from agentbatch.tasks.engines.base import Engine
 ENGINES: dict[str, str] = {
     "scripted": "agentbatch.tasks.engines.scripted:build_scripted_workers",
     "openai": "agentbatch.tasks.engines.openai_http:build_openai_workers",
+    "replay": "agentbatch.tasks.engines.replay:build_replay_workers",
 }
 
 

@@ -13,6 +13,7 @@ from agentbatch.tasks.environments.base import EnvironmentFactory
 
 WORKLOADS: dict[str, str] = {
     "bfcl": "agentbatch.tasks.environments.bfcl:BfclWorkload",
+    "recorded": "agentbatch.tasks.environments.recorded:RecordedWorkload",
 }
 
 

@@ -1,0 +1,100 @@
+"""Load one batch from the store as pandas DataFrames.
+
+Only the columns the analytics need are read (request/response JSON can be large). Times stay
+float epoch seconds, as stored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import select
+
+from agentbatch.db.models import Sample, Step, Worker
+from agentbatch.db.store import Store
+
+SAMPLE_COLUMNS = ("id", "index", "task_id", "status", "steps_done", "score", "admitted_at", "finished_at",
+                  "last_worker")
+STEP_COLUMNS = ("id", "sample_id", "index", "kind", "status", "attempt", "enqueued_at", "started_at",
+                "finished_at", "worker", "prompt_tokens", "cached_prompt_tokens", "recomputed_tokens",
+                "output_tokens", "prefill_s", "decode_s", "engine_queue_s", "tool_calls")
+_FLOAT_STEP_COLUMNS = ("enqueued_at", "started_at", "finished_at", "prefill_s", "decode_s", "engine_queue_s")
+_NUMERIC_STEP_COLUMNS = ("prompt_tokens", "cached_prompt_tokens", "recomputed_tokens", "output_tokens",
+                         "tool_calls")
+
+
+class UnknownBatch(LookupError):
+    """No batch with this id in the store."""
+
+    def __init__(self, batch_id: int, url: str = "") -> None:
+        where = f" in {url}" if url else ""
+        super().__init__(f"no batch with id {batch_id}{where}")
+        self.batch_id = batch_id
+
+
+@dataclass
+class BatchData:
+    batch_id: int
+    name: str
+    status: str
+    config: dict[str, Any]
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    flow_run_id: str | None
+    samples: pd.DataFrame  # one row per sample
+    steps: pd.DataFrame  # one row per step attempt
+    workers: pd.DataFrame = field(default_factory=pd.DataFrame)  # name, kind
+
+
+def _read(store: Store, stmt: Any) -> pd.DataFrame:
+    with store.engine.connect() as conn:
+        return pd.read_sql(stmt, conn)
+
+
+def load_batch(store: Store, batch_id: int) -> BatchData:
+    batch = store.get_batch(batch_id)
+    if batch is None:
+        raise UnknownBatch(batch_id, store.engine.url.render_as_string(hide_password=True))
+    samples = _read(store, select(*(Sample.__table__.c[c] for c in SAMPLE_COLUMNS))
+                    .where(Sample.batch_id == batch_id).order_by(Sample.index))
+    steps = _read(store, select(*(Step.__table__.c[c] for c in STEP_COLUMNS))
+                  .where(Step.batch_id == batch_id).order_by(Step.id))
+    workers = _read(store, select(Worker.name, Worker.kind).where(Worker.batch_id == batch_id))
+    # NULLs come back as None in object columns on some drivers: make every number column float.
+    for col in ("admitted_at", "finished_at", "score", "steps_done"):
+        samples[col] = pd.to_numeric(samples[col], errors="coerce").astype("float64")
+    for col in _FLOAT_STEP_COLUMNS + _NUMERIC_STEP_COLUMNS:
+        steps[col] = pd.to_numeric(steps[col], errors="coerce").astype("float64")
+    for col in ("task_id", "status", "last_worker"):
+        samples[col] = samples[col].astype(object)
+    for col in ("kind", "status", "worker"):
+        steps[col] = steps[col].astype(object)
+    return BatchData(
+        batch_id=batch.id,
+        name=batch.name,
+        status=batch.status,
+        config=dict(batch.config or {}),
+        created_at=batch.created_at,
+        started_at=batch.started_at,
+        finished_at=batch.finished_at,
+        flow_run_id=batch.flow_run_id,
+        samples=samples,
+        steps=steps,
+        workers=workers,
+    )
+
+
+def history_steps_per_task(store: Store, task_ids: list[str], exclude_batch: int) -> pd.Series:
+    """Mean completed chain length (steps) per task id over other batches' completed samples."""
+    if not task_ids:
+        return pd.Series(dtype="float64")
+    stmt = (select(Sample.task_id, Sample.steps_done)
+            .where(Sample.batch_id != exclude_batch, Sample.status == "completed",
+                   Sample.task_id.in_(sorted(set(task_ids)))))
+    df = _read(store, stmt)
+    if df.empty:
+        return pd.Series(dtype="float64")
+    return df.groupby("task_id")["steps_done"].mean().astype("float64")

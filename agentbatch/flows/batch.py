@@ -1,0 +1,174 @@
+"""The batch flow: run (or resume) every sample of a batch as a chain of Prefect tasks.
+
+`run_batch(config, store)` creates the batch in the store and runs the flow; `resume_batch` runs the
+same flow again on an interrupted batch: completed steps are taken from the store, steps left
+`running` by the dead process are marked abandoned and tried again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import flow
+from prefect.context import FlowRunContext
+from tqdm import tqdm
+
+from agentbatch.db.models import BatchStatus, SampleStatus
+from agentbatch.db.store import Store
+from agentbatch.flows.config import BatchConfig
+from agentbatch.scheduling import registry
+from agentbatch.scheduling.policies import AdmissionLimits
+from agentbatch.scheduling.types import SampleProgress
+from agentbatch.tasks.chain import direct_executor, run_sample
+from agentbatch.tasks.coordinator import Coordinator
+from agentbatch.tasks.engines.registry import make_engines
+from agentbatch.tasks.environments.registry import make_workload
+from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_lean
+from agentbatch.tasks.runner import CoordinatedTaskRunner
+from agentbatch.tasks.steps import BatchContext, RetryPolicy
+
+log = logging.getLogger("agentbatch.batch")
+
+
+@dataclass
+class BatchOutcome:
+    batch_id: int
+    status: str
+    samples: int
+    completed: int
+    failed: int
+    wall_s: float
+    peaks: dict[str, int] = field(default_factory=dict)
+    sticky: int = 0
+    moves: int = 0
+
+
+def create_batch(config: BatchConfig, store: Store) -> int:
+    """Validate that the workload can list its tasks, then write the batch and its samples."""
+    workload = make_workload(config.workload.kind, config.workload.params)
+    tasks = workload.tasks()
+    if not tasks:
+        raise ValueError(f"workload {config.workload.kind!r} with params {config.workload.params} has no tasks")
+    return store.create_batch(config.name, config.model_dump(mode="json"), [(t.task_id, t.data) for t in tasks])
+
+
+def build_coordinator(config: BatchConfig, workers: list[str]) -> Coordinator:
+    s = config.scheduling
+    return Coordinator(
+        limits=AdmissionLimits(
+            max_active_samples=s.max_active_samples, env_slots=s.env_slots,
+            per_worker_inflight=s.per_worker_inflight, coupled=s.coupled,
+        ),
+        workers=workers,
+        env_queue=registry.make_queue(s.env_queue.name, **s.env_queue.params),
+        inference_queues={w: registry.make_queue(s.inference_queue.name, **s.inference_queue.params)
+                          for w in workers},
+        router=registry.make_router(s.router.name, **s.router.params),
+        priority=registry.make_priority(s.priority.name, **s.priority.params),
+        clock=time.time,
+    )
+
+
+async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
+                        show_progress: bool | None = None) -> BatchOutcome:
+    """Run the pending and interrupted samples of a batch. With use_prefect=False the same chains
+    run in plain asyncio (the overhead benchmark's baseline)."""
+    row = store.get_batch(batch_id)
+    if row is None:
+        raise ValueError(f"no batch {batch_id} in {store.url}")
+    config = BatchConfig.model_validate(row.config)
+    workload = make_workload(config.workload.kind, config.workload.params)
+    engines = make_engines(config.engine.kind, config.engine.params, workload)
+    coordinator = build_coordinator(config, [e.name for e in engines])
+    ctx = FlowRunContext.get()
+    if use_prefect and ctx is not None and isinstance(ctx.task_runner, CoordinatedTaskRunner):
+        ctx.task_runner.bind(coordinator)
+    batch = BatchContext(
+        store=store, batch_id=batch_id, workload=workload, engines={e.name: e for e in engines},
+        coordinator=coordinator,
+        retry=RetryPolicy(config.retries.environment, config.retries.inference, config.retries.backoff_s),
+        max_steps=config.limits.max_steps, step_timeout_s=config.limits.step_timeout_s,
+    )
+    for e in engines:
+        store.upsert_worker(batch_id, e.name, "engine", endpoint=getattr(e, "base_url", None))
+
+    abandoned = store.abandon_running(batch_id)
+    if abandoned:
+        log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
+                 abandoned)
+    todo = store.samples(batch_id, statuses=[SampleStatus.PENDING, SampleStatus.RUNNING])
+    total = len(store.samples(batch_id))
+    priors = store.prior_chain_lengths([s.task_id for s in todo], exclude_batch_id=batch_id)
+    store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
+    log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
+             len(todo), total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
+
+    bar = tqdm(total=total, initial=total - len(todo), desc=f"batch {batch_id}", unit="sample",
+               disable=None if show_progress is None else not show_progress)  # None: auto (tty only)
+    counts = {SampleStatus.COMPLETED: 0, SampleStatus.FAILED: 0}
+    start = time.perf_counter()
+
+    async def drive(sample) -> None:  # type: ignore[no-untyped-def]
+        progress = SampleProgress(
+            sample_id=sample.id, task_id=sample.task_id, arrival_seq=sample.index,
+            prior_chain_steps=priors.get(sample.task_id), last_worker=sample.last_worker,
+        )
+        if not use_prefect:
+            status = await run_sample(batch, sample, progress, direct_executor)
+        elif config.execution.mode == "lean":
+            status = await run_sample_lean(batch, sample, progress)
+        else:
+            status = await run_sample(batch, sample, progress, prefect_step_executor)
+        counts[status] += 1
+        bar.update(1)
+
+    try:
+        await asyncio.gather(*(drive(s) for s in todo))
+    except BaseException as exc:
+        store.finish_batch(batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
+        raise
+    finally:
+        bar.close()
+        for e in engines:
+            await e.aclose()
+        await workload.aclose()
+    failed_before = sum(1 for s in store.samples(batch_id, statuses=[SampleStatus.FAILED]))
+    store.finish_batch(batch_id, BatchStatus.COMPLETED)
+    return BatchOutcome(
+        batch_id=batch_id, status=BatchStatus.COMPLETED, samples=total,
+        completed=total - failed_before, failed=failed_before, wall_s=time.perf_counter() - start,
+        peaks=coordinator.peaks(), sticky=coordinator.sticky, moves=coordinator.moves,
+    )
+
+
+@flow(name="agentbatch-batch", task_runner=CoordinatedTaskRunner(), validate_parameters=False,
+      persist_result=False, log_prints=False)
+async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = None) -> dict[str, Any]:
+    store = Store(db_url)
+    try:
+        outcome = await execute_batch(store, batch_id, show_progress=show_progress)
+    finally:
+        store.close()
+    return outcome.__dict__
+
+
+def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None) -> BatchOutcome:
+    result = asyncio.run(batch_flow(batch_id, store.url, show_progress))
+    return BatchOutcome(**result)
+
+
+def run_batch(config: BatchConfig, store: Store, *, show_progress: bool | None = None) -> int:
+    """Create a batch from a config and run it through the Prefect flow; returns the batch id."""
+    batch_id = create_batch(config, store)
+    run_flow(store, batch_id, show_progress=show_progress)
+    return batch_id
+
+
+def resume_batch(store: Store, batch_id: int, *, show_progress: bool | None = None) -> BatchOutcome:
+    if store.get_batch(batch_id) is None:
+        raise ValueError(f"no batch {batch_id} in {store.url}")
+    return run_flow(store, batch_id, show_progress=show_progress)

@@ -1,0 +1,79 @@
+"""Drive one sample's chain: admit, rebuild from the store (resume), step until done, score.
+
+How each step is executed is passed in (`StepExecutor`): through Prefect tasks and the custom task
+runner (steps mode) or directly under the coordinator (lean mode, plain-asyncio baseline).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from agentbatch.db.models import Sample, SampleStatus
+from agentbatch.scheduling.types import SampleProgress, StepTicket
+from agentbatch.tasks.agent import AgentState
+from agentbatch.tasks.environments.base import TaskSpec
+from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
+
+log = logging.getLogger(__name__)
+
+StepExecutor = Callable[[BatchContext, SampleRun, StepTicket], Awaitable[None]]
+
+
+async def direct_executor(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> None:
+    """Take the step's slot from the coordinator, run it, give the slot back."""
+    slot = await batch.coordinator.acquire(ticket)
+    try:
+        await execute_step(batch, run, ticket, slot)
+    finally:
+        batch.coordinator.release(ticket, slot)
+
+
+async def run_sample(
+    batch: BatchContext, sample: Sample, progress: SampleProgress, execute: StepExecutor, *, admitted: bool = False
+) -> SampleStatus:
+    """Run one sample to its end. `admitted`: the caller already took its admission slot."""
+    coordinator = batch.coordinator
+    if not admitted:
+        await coordinator.admit(progress)
+    try:
+        batch.store.admit_sample(sample.id)
+        task = TaskSpec(task_id=sample.task_id, data=sample.task or {})
+        env = batch.workload.create(task)
+        try:
+            run = SampleRun(sample.id, task, env, AgentState.start(await env.reset(task)), progress)
+            await _rebuild(batch, run)
+            while not run.state.done and run.state.step_index < batch.max_steps:
+                ticket = StepTicket(
+                    sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
+                    enqueued_at=batch.clock(),
+                )
+                await execute(batch, run, ticket)
+            result = await env.score()
+            if not run.state.done:
+                result["stopped"] = f"step limit {batch.max_steps} reached"
+            batch.store.finish_sample(sample.id, score=float(result["score"]), result=result)
+            return SampleStatus.COMPLETED
+        except StepFailed as exc:
+            log.warning("sample %s (%s) failed: %s", sample.index, sample.task_id, exc)
+            batch.store.finish_sample(sample.id, score=None, result=None, error=str(exc))
+            return SampleStatus.FAILED
+        finally:
+            await env.close()
+    finally:
+        coordinator.finish(progress)
+
+
+async def _rebuild(batch: BatchContext, run: SampleRun) -> None:
+    """Replay the sample's completed steps from the store: nothing completed is executed again; the
+    environment only rebuilds its internal state from the recorded assistant turns."""
+    records = batch.store.completed_steps(run.sample_id)
+    for expected, record in enumerate(records):
+        if record.index != expected:
+            raise RuntimeError(f"sample {run.sample_id}: recorded steps have a gap at {expected}")
+        run.state.apply_record(record.kind, record.response or {})
+        if record.response and "tools" in record.response:
+            run.meta["tools_changed"] = True
+    if run.state.assistants:
+        await run.env.restore(run.state.assistants)
+    run.progress.steps_done = len(records)

@@ -1,0 +1,1 @@
+"""Bash-tool repository-fixing tasks run in Docker sandboxes (workload kind "bash_tasks")."""

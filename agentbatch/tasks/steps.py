@@ -1,0 +1,165 @@
+"""One inference step and one environment step: execute, record in the store, retry.
+
+`execute_step` is plain async code, used as the body of the Prefect step tasks (steps mode) and
+called directly in lean mode and in the plain-asyncio baseline. Every attempt is a row in the
+store: recorded `running` when it starts, `completed` with its response (one transaction that also
+advances the sample) or `failed` with the error. Infrastructure errors are retried with exponential
+backoff; a tool error is an observation inside a completed step, not a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agentbatch.db.store import StepOutcome, Store
+from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
+from agentbatch.tasks.agent import AgentState
+from agentbatch.tasks.coordinator import Coordinator
+from agentbatch.tasks.engines.base import ChatRequest, Engine
+from agentbatch.tasks.engines.openai_http import EngineFailure
+from agentbatch.tasks.environments.base import Environment, EnvironmentFactory, EnvironmentFailure, TaskSpec
+
+RETRYABLE = (EnvironmentFailure, EngineFailure, httpx.HTTPError, TimeoutError, ConnectionError)
+
+
+class StepFailed(Exception):
+    """A step failed for good (retries exhausted or a non-retryable error): its sample fails."""
+
+
+@dataclass
+class RetryPolicy:
+    environment: int = 2
+    inference: int = 2
+    backoff_s: float = 0.5
+
+    def delays(self, kind: StepKind) -> list[float]:
+        n = self.environment if kind == StepKind.ENVIRONMENT else self.inference
+        return [self.backoff_s * 2**i for i in range(n)]
+
+
+@dataclass(eq=False)
+class BatchContext:
+    """What every step of a batch needs. A plain class on purpose: Prefect does not traverse it."""
+
+    store: Store
+    batch_id: int
+    workload: EnvironmentFactory
+    engines: dict[str, Engine]
+    coordinator: Coordinator
+    retry: RetryPolicy
+    max_steps: int
+    step_timeout_s: float
+    clock: Callable[[], float] = time.time  # wall clock: ticket times are stored as they are
+    on_step: Callable[[StepTicket], None] | None = None  # progress hook
+
+
+@dataclass(eq=False)
+class SampleRun:
+    sample_id: int
+    task: TaskSpec
+    env: Environment
+    state: AgentState
+    progress: SampleProgress
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _inference_request(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> ChatRequest:
+    return ChatRequest(
+        messages=run.state.messages,
+        tools=run.state.tools,
+        sample_id=run.sample_id,
+        task_id=run.task.task_id,
+        step_index=ticket.step_index,
+        priority=batch.coordinator.request_priority(run.progress),
+    )
+
+
+def _request_record(run: SampleRun, ticket: StepTicket, request: ChatRequest | None) -> dict[str, Any]:
+    # The conversation is rebuilt from the initial messages plus the step responses, so only the
+    # first inference step stores messages and tools; later ones store a reference.
+    if request is None:
+        return {"from_step": ticket.step_index - 1}
+    record: dict[str, Any] = {"n_messages": len(request.messages), "priority": request.priority}
+    if ticket.step_index == 0:
+        record.update(messages=request.messages, tools=request.tools)
+    elif run.meta.get("tools_changed"):
+        record["tools"] = request.tools
+    return record
+
+
+async def _attempt(batch: BatchContext, run: SampleRun, ticket: StepTicket, slot: str, task_run_id: str | None):
+    store = batch.store
+    if ticket.kind == StepKind.INFERENCE:
+        request = _inference_request(batch, run, ticket)
+        assert ticket.worker is not None
+        step_id = store.start_step(
+            batch_id=batch.batch_id, sample_id=run.sample_id, index=ticket.step_index, kind=ticket.kind,
+            enqueued_at=ticket.enqueued_at, request=_request_record(run, ticket, request),
+            worker=ticket.worker, task_run_id=task_run_id,
+        )
+        try:
+            result = await batch.engines[ticket.worker].complete(request)
+        except BaseException as exc:
+            store.fail_step(step_id, f"{exc.__class__.__name__}: {exc}")
+            raise
+        store.complete_step(step_id, StepOutcome(
+            response=AgentState.inference_record(result), prompt_tokens=result.prompt_tokens,
+            cached_prompt_tokens=result.cached_prompt_tokens, recomputed_tokens=result.recomputed_tokens,
+            output_tokens=result.output_tokens, prefill_s=result.prefill_s, decode_s=result.decode_s,
+            engine_queue_s=result.queue_s, worker=result.worker or ticket.worker,
+        ))
+        run.state.apply_inference(result.message)
+        return
+    assistant = run.state.last_assistant
+    assert assistant is not None
+    step_id = store.start_step(
+        batch_id=batch.batch_id, sample_id=run.sample_id, index=ticket.step_index, kind=ticket.kind,
+        enqueued_at=ticket.enqueued_at, request=_request_record(run, ticket, None), worker=slot,
+        task_run_id=task_run_id,
+    )
+    try:
+        result = await asyncio.wait_for(run.env.step(assistant), timeout=batch.step_timeout_s)
+    except TimeoutError as exc:
+        store.fail_step(step_id, f"timed out after {batch.step_timeout_s} s")
+        raise EnvironmentFailure(f"environment step timed out after {batch.step_timeout_s} s") from exc
+    except BaseException as exc:
+        store.fail_step(step_id, f"{exc.__class__.__name__}: {exc}")
+        raise
+    record = AgentState.environment_record(result)
+    store.complete_step(step_id, StepOutcome(response=record, tool_calls=result.tool_calls, worker=slot))
+    if "tools" in record:
+        run.meta["tools_changed"] = True
+    run.state.apply_environment(result.messages, result.done, record.get("tools"))
+
+
+async def execute_step(
+    batch: BatchContext, run: SampleRun, ticket: StepTicket, slot: str, task_run_id: str | None = None
+) -> None:
+    """Run one step with its retries; raises StepFailed when it cannot complete."""
+    delays = batch.retry.delays(ticket.kind)
+    started = time.monotonic()
+    for attempt in range(len(delays) + 1):
+        try:
+            await _attempt(batch, run, ticket, slot, task_run_id)
+            break
+        except RETRYABLE as exc:
+            if attempt == len(delays):
+                raise StepFailed(
+                    f"{ticket.kind} step {ticket.step_index} failed after {attempt + 1} attempt(s): "
+                    f"{exc.__class__.__name__}: {exc}"
+                ) from exc
+            await asyncio.sleep(delays[attempt])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise StepFailed(f"{ticket.kind} step {ticket.step_index}: {exc.__class__.__name__}: {exc}") from exc
+    run.progress.steps_done += 1
+    run.progress.attained_s += time.monotonic() - started
+    if batch.on_step:
+        batch.on_step(ticket)
