@@ -18,6 +18,15 @@ from agentbatch.db.store import Store
 
 PG_URL = os.environ.get("AGENTBATCH_TEST_PG_URL", "")
 
+# Lean Prefect settings for the flows the tests run (the CLI sets the same defaults).
+for _key, _value in {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_LOGGING_TO_API_ENABLED": "false",
+    "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+}.items():
+    os.environ.setdefault(_key, _value)
+
 
 def _pg_unavailable_reason() -> str | None:
     if not PG_URL:

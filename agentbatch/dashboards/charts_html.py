@@ -118,7 +118,9 @@ def completion(analyses: list[BatchAnalysis]) -> go.Figure:
     for a in analyses:
         f = np.sort(a.samples["finished_at"].dropna().to_numpy()) - (a.t0 or 0.0)
         n = len(a.samples)
-        fig.add_scatter(x=f, y=np.arange(1, len(f) + 1) / max(n, 1), mode="lines", line_shape="hv", name=label(a))
+        # Start the curve at (0, 0) so the first finish shows as a step up.
+        fig.add_scatter(x=np.append(0.0, f), y=np.arange(0, len(f) + 1) / max(n, 1), mode="lines",
+                        line_shape="hv", name=label(a))
         if len(f):
             for q in (0.9, 0.99):
                 tail = a.tail_s(q)
@@ -134,8 +136,8 @@ def latency_cdf(analyses: list[BatchAnalysis]) -> go.Figure:
     fig = go.Figure()
     for a in analyses:
         lat = a.latency.to_numpy()
-        fig.add_scatter(x=lat, y=np.arange(1, len(lat) + 1) / max(len(lat), 1), mode="lines", line_shape="hv",
-                        name=label(a))
+        fig.add_scatter(x=np.append(lat[:1], lat), y=np.arange(0, len(lat) + 1) / max(len(lat), 1), mode="lines",
+                        line_shape="hv", name=label(a))
     fig.update_layout(title="Per-sample latency CDF (admitted to finished)", xaxis_title="seconds",
                       yaxis_title="fraction of samples", height=350, **_LAYOUT)
     return fig

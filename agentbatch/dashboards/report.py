@@ -22,7 +22,7 @@ from agentbatch.db.store import Store
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1400px; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
-pre { background: #f6f6f6; padding: 12px; overflow-x: auto; }
+pre { background: #f6f6f6; padding: 12px; white-space: pre-wrap; }
 table.figures { border-collapse: collapse; font-size: 0.9em; }
 table.figures td, table.figures th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 .bad { color: #cb181d; font-weight: bold; } .good { color: #31a354; font-weight: bold; }
@@ -64,7 +64,11 @@ def write_report(store: Store, batch_ids: list[int], out_dir: Path) -> Path:
     Returns the path of index.html. Raises frames.UnknownBatch for an unknown id."""
     if not batch_ids:
         raise ValueError("write_report needs at least one batch id")
-    analyses = [BatchAnalysis(load_batch(store, b)) for b in batch_ids]
+    return write_report_for([BatchAnalysis(load_batch(store, b)) for b in batch_ids], out_dir)
+
+
+def write_report_for(analyses: list[BatchAnalysis], out_dir: Path) -> Path:
+    """write_report over batches already loaded (the first is the main one)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     main = analyses[0]

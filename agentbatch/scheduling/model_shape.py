@@ -48,6 +48,7 @@ class StateLayers:
     ssm_bytes: int  # recurrent/temporal state of one layer, one sequence
     conv_bytes: int = 0  # short-convolution window of one layer, one sequence
     formula: str = ""  # how the per-layer bytes were computed, for the reasoning table
+    dtype: str = ""  # dtype of the recurrent (ssm) state
 
     @property
     def bytes_per_layer(self) -> int:
@@ -82,7 +83,8 @@ class ModelShape:
     num_attention_heads: int = 0
     head_dim: int = 0
     max_context: int | None = None
-    state_dtype: str = ""
+    state_dtype: str = ""  # dtype of the recurrent state (vLLM --mamba-ssm-cache-dtype)
+    model_dtype: str = ""
     fields_read: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -311,7 +313,7 @@ def _state_group(r: _Reader, kind: str, count: int, model_dtype: str, state_dtyp
         conv_dim = 2 * nk * dk + nv * dv
         return StateLayers(
             kind, count, int(nv * dk * dv * sb), int((kconv - 1) * conv_dim * conv_b),
-            f"ssm {nv} v_heads x {dk} x {dv} x {sb:g} B + conv ({kconv}-1) x {conv_dim} x {conv_b:g} B",
+            f"ssm {nv} v_heads x {dk} x {dv} x {sb:g} B + conv ({kconv}-1) x {conv_dim} x {conv_b:g} B", sd,
         )
     if kind == "linear_attention":  # Ring/Ling lightning attention: MHA state heads x d x d, kept in fp32
         heads = r.int("num_attention_heads")
@@ -319,7 +321,7 @@ def _state_group(r: _Reader, kind: str, count: int, model_dtype: str, state_dtyp
         sd = state_dtype or "float32"
         sb = dtype_bytes(sd)
         return StateLayers(kind, count, int(heads * head_dim * head_dim * sb), 0,
-                           f"{heads} heads x {head_dim} x {head_dim} x {sb:g} B ({sd})")
+                           f"{heads} heads x {head_dim} x {head_dim} x {sb:g} B ({sd})", sd)
     if kind == "mamba2":
         d_state = r.int("ssm_state_size", "state_size", "mamba_d_state")
         n_groups = r.int("n_groups", "mamba_n_groups", default=1, why="single group")
@@ -338,7 +340,7 @@ def _state_group(r: _Reader, kind: str, count: int, model_dtype: str, state_dtyp
         conv_dim = d_inner + 2 * n_groups * d_state
         return StateLayers(
             kind, count, int(nheads * head_dim * d_state * sb), int((d_conv - 1) * conv_dim * conv_b),
-            f"ssm {nheads} heads x {head_dim} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {conv_dim} x {conv_b:g} B",
+            f"ssm {nheads} heads x {head_dim} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {conv_dim} x {conv_b:g} B", sd,
         )
     if kind == "mamba1":
         d_state = r.int("mamba_d_state", "state_size", "ssm_state_size", default=16, why="Mamba default")
@@ -351,13 +353,13 @@ def _state_group(r: _Reader, kind: str, count: int, model_dtype: str, state_dtyp
         sb = dtype_bytes(sd)
         return StateLayers(
             kind, count, int(d_inner * d_state * sb), int((d_conv - 1) * d_inner * conv_b),
-            f"ssm {d_inner} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {d_inner} x {conv_b:g} B",
+            f"ssm {d_inner} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {d_inner} x {conv_b:g} B", sd,
         )
     if kind == "short_conv":  # LFM2: a (L_cache-1) x conv_dim window, conv_dim defaults to hidden_size
         l_cache = r.int("conv_L_cache", default=3, why="LFM2 default")
         conv_dim = r.int("conv_dim", default=hidden, why="= hidden_size")
         return StateLayers(kind, count, 0, int((l_cache - 1) * conv_dim * conv_b),
-                           f"conv ({l_cache}-1) x {conv_dim} x {conv_b:g} B")
+                           f"conv ({l_cache}-1) x {conv_dim} x {conv_b:g} B", model_dtype)
     raise r.error("layer type", f"no state model for {kind!r}")
 
 
@@ -370,6 +372,10 @@ def _estimate_params(r: _Reader, family: str, kinds: list[str]) -> tuple[float, 
     cfg = r.cfg
     hidden = r.int("hidden_size", "d_model")
     vocab = r.int("vocab_size", default=0, why="embeddings not counted")
+    for name in ("tie_word_embeddings", "intermediate_size", "num_experts", "num_local_experts", "n_routed_experts",
+                 "num_experts_per_tok", "moe_intermediate_size", "num_shared_experts",
+                 "shared_expert_intermediate_size", "first_k_dense_replace"):
+        r.get(name)  # recorded for the reasoning table
     tied = bool(cfg.get("tie_word_embeddings", family in ("mamba1", "mamba2")))
     embed = vocab * hidden * (1 if tied else 2)
     heads = int(cfg.get("num_attention_heads") or 0)
@@ -499,6 +505,7 @@ def shape_from_config(
         num_attention_heads=heads,
         head_dim=head_dim,
         max_context=int(max_ctx) if isinstance(max_ctx, int) else None,
-        state_dtype=state_dtype or "",
+        model_dtype=model_dtype,
+        state_dtype=next((g.dtype for g in groups if g.ssm_bytes), ""),
         fields_read=tuple(dict.fromkeys(r.read)),
     )

@@ -74,7 +74,10 @@ def to_openai_tool(doc: dict[str, Any]) -> ToolSchema:
 def parse_call(text: str, tools: list[ToolSchema]) -> tuple[str, dict[str, Any]]:
     """Parse a ground-truth call like "mv(source='a', destination='b')" into (name, arguments).
     Positional arguments are named after the schema's parameters in order."""
-    node = ast.parse(text.strip(), mode="eval").body
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"not a function call: {text!r}") from exc
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise ValueError(f"not a function call: {text!r}")
     name = node.func.id

@@ -13,6 +13,8 @@ from agentbatch.tasks.environments.base import EnvironmentFactory
 
 WORKLOADS: dict[str, str] = {
     "bfcl": "agentbatch.tasks.environments.bfcl:BfclWorkload",
+    "bash_tasks": "agentbatch.tasks.environments.bash_tasks.workload:BashTasksWorkload",
+    "mcp": "agentbatch.tasks.environments.mcp_env:McpWorkload",
     "recorded": "agentbatch.tasks.environments.recorded:RecordedWorkload",
 }
 

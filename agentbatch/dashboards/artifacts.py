@@ -1,0 +1,155 @@
+"""Prefect UI artifacts of a batch: a progress bar while it runs, a table and a markdown summary
+(with a link to the HTML report) at the end.
+
+Outside a Prefect flow or task run every call does nothing: creating artifacts there would start an
+ephemeral API server or fail, and a batch must never break because of its dashboard. Errors from
+the Prefect API are logged, not raised, for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from agentbatch.db.store import Store
+
+log = logging.getLogger(__name__)
+MIN_UPDATE_INTERVAL_S = 2.0
+
+
+def in_prefect_run() -> bool:
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+def progress_key(batch_id: int) -> str:
+    return f"agentbatch-batch-{batch_id}-progress"
+
+
+def summary_key(batch_id: int) -> str:
+    return f"agentbatch-batch-{batch_id}-summary"
+
+
+def report_key(batch_id: int) -> str:
+    return f"agentbatch-batch-{batch_id}-report"
+
+
+class BatchProgressArtifact:
+    """Samples done / total as a Prefect progress artifact, updated at most every
+    `min_interval_s` seconds (and always for the last sample)."""
+
+    def __init__(self, min_interval_s: float = MIN_UPDATE_INTERVAL_S) -> None:
+        self.min_interval_s = min_interval_s
+        self.artifact_id: UUID | None = None
+        self.batch_id: int | None = None
+        self.total = 0
+        self.sent = 0  # updates sent to the API (the creation not counted)
+        self._last_sent = -math.inf
+        self._pending: int | None = None
+
+    def _description(self, done: int) -> str:
+        return f"agentbatch batch {self.batch_id}: {done}/{self.total} samples done"
+
+    async def start(self, batch_id: int, total: int) -> None:
+        self.batch_id, self.total = batch_id, total
+        if not in_prefect_run():
+            return
+        from prefect.artifacts import acreate_progress_artifact
+
+        try:
+            self.artifact_id = await acreate_progress_artifact(
+                progress=0.0, key=progress_key(batch_id), description=self._description(0))
+            self._last_sent = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - the UI must not break the batch
+            log.warning("cannot create the Prefect progress artifact: %s", exc)
+
+    async def update(self, done: int) -> None:
+        if self.artifact_id is None:
+            return
+        last = done >= self.total
+        if not last and time.monotonic() - self._last_sent < self.min_interval_s:
+            self._pending = done
+            return
+        await self._send(done)
+
+    async def flush(self) -> None:
+        """Send a value held back by the throttle (call when the batch stops early)."""
+        if self.artifact_id is not None and self._pending is not None:
+            await self._send(self._pending)
+
+    async def _send(self, done: int) -> None:
+        from prefect.artifacts import aupdate_progress_artifact
+
+        assert self.artifact_id is not None
+        progress = 100.0 * done / self.total if self.total else 100.0
+        try:
+            await aupdate_progress_artifact(self.artifact_id, progress=min(progress, 100.0),
+                                            description=self._description(done))
+            self.sent += 1
+            self._last_sent = time.monotonic()
+            self._pending = None
+        except Exception as exc:  # noqa: BLE001
+            log.warning("cannot update the Prefect progress artifact: %s", exc)
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe table cell: no NaN/inf, floats rounded for reading."""
+    if isinstance(v, float):
+        return None if not math.isfinite(v) else round(v, 4)
+    return v
+
+
+def _fmt(x: float | None, unit: str = "s") -> str:
+    return "-" if x is None else f"{x:.2f} {unit}".strip()
+
+
+def summary_markdown(summary: Any, report_path: Path | None) -> str:
+    lb = summary.lower_bound
+    lines = [f"# agentbatch batch {summary.batch_id}: {summary.name}", "",
+             f"**{summary.samples_completed}/{summary.samples_total} completed**, {summary.samples_failed} failed "
+             f"({summary.status})", ""]
+    if report_path is not None:
+        p = Path(report_path).resolve()
+        lines += [f"Report: [{p}]({p.as_uri()}) (open it locally; `agentbatch report {summary.batch_id}` "
+                  "writes it again)", ""]
+    lines += ["| figure | value |", "|---|---|"]
+    lines += [f"| makespan | {_fmt(summary.makespan_s)} |",
+              f"| lower bound | {_fmt(lb.value) if lb else '-'} ({lb.binding if lb else '-'}) |",
+              f"| makespan / lower bound | {_fmt(summary.lb_ratio, '')} |",
+              f"| tail 90 % -> last | {_fmt(summary.tail_90_s)} |",
+              f"| tail 99 % -> last | {_fmt(summary.tail_99_s)} |",
+              f"| cache-hit rate | {_fmt(summary.cache_hit_rate, '')} |",
+              f"| recomputed tokens | {summary.recomputed_tokens} |",
+              f"| mean score | {_fmt(summary.score_mean, '')} |"]
+    lines += [f"| phase {k} | {_fmt(v)} |" for k, v in summary.phases.items()]
+    if summary.critical:
+        lines += ["", "## Samples that finished last", "", "| sample | task | finished | steps | chain | waited on |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {c.sample_id} | {c.task_id} | {c.finished_s:.1f} s | {c.steps} | {c.chain_s:.1f} s | "
+                  f"{c.waited_on} ({c.waits.get(c.waited_on, 0.0):.1f} s) |" for c in summary.critical]
+    return "\n".join(lines)
+
+
+async def publish_batch_artifacts(store: Store, batch_id: int, report_path: Path | None) -> None:
+    """Table + markdown artifacts with the batch summary (and a link to the report)."""
+    if not in_prefect_run():
+        log.debug("not in a Prefect run: no artifacts for batch %s", batch_id)
+        return
+    from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+
+    from agentbatch.dashboards.summary import summarize
+
+    try:
+        summary = summarize(store, batch_id)
+        rows = [{"figure": k, "value": _clean(v)} for k, v in summary.as_row().items()]
+        await acreate_table_artifact(table=rows, key=summary_key(batch_id),
+                                     description=f"agentbatch batch {batch_id}: figures")
+        await acreate_markdown_artifact(markdown=summary_markdown(summary, report_path), key=report_key(batch_id),
+                                        description=f"agentbatch batch {batch_id}: summary")
+    except Exception as exc:  # noqa: BLE001
+        log.warning("cannot publish the Prefect artifacts of batch %s: %s", batch_id, exc)

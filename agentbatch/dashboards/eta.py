@@ -1,0 +1,136 @@
+"""Live ETA of a running batch, from the chain lengths seen so far.
+
+remaining steps: for each unfinished sample, expected chain length - steps done (at least 1). The
+expected length of a task is its mean over earlier batches' completed samples of the same task id
+where the store has them, else the mean over this batch's completed samples, else unknown (then
+the sample's steps so far + 1, a lower bound).
+remaining time = max(remaining steps / the batch's step rate so far,
+                     longest remaining chain x mean seconds per step of one sample),
+the first term for throughput, the second because one chain's steps cannot overlap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from agentbatch.dashboards.analytics import DONE_STATES
+from agentbatch.dashboards.frames import history_steps_per_task, load_batch
+from agentbatch.db.store import Store
+
+
+@dataclass
+class Eta:
+    batch_id: int
+    name: str
+    status: str
+    total: int
+    done: int  # completed + failed samples
+    counts: dict[str, int]
+    steps_done: int  # completed step attempts
+    steps_retried: int  # failed or abandoned attempts
+    steps_running: int
+    elapsed_s: float
+    remaining_steps: float | None
+    step_rate: float | None  # completed steps per second so far
+    step_s_per_sample: float | None  # mean seconds per step along one chain
+    remaining_s: float | None
+    basis: str  # where the chain lengths came from
+    tasks_with_history: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def finish_at(self) -> float | None:
+        return None if self.remaining_s is None else time.time() + self.remaining_s
+
+    def to_text(self) -> str:
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
+        lines = [f"batch {self.batch_id} ({self.name}): {self.status}",
+                 f"  samples   {self.done}/{self.total} done ({pct:.1f} %): {counts or 'none'}",
+                 f"  steps     {self.steps_done} completed, {self.steps_running} running, "
+                 f"{self.steps_retried} retried attempts",
+                 f"  elapsed   {_dur(self.elapsed_s)}"]
+        if self.step_rate:
+            lines.append(f"  rate      {self.step_rate:.2f} steps/s; {self.step_s_per_sample or 0:.2f} s per step "
+                         "along a chain")
+        if self.remaining_s is None:
+            lines.append(f"  ETA       unknown ({self.basis})")
+        elif self.remaining_s == 0:
+            lines.append("  ETA       done")
+        else:
+            at = time.strftime("%H:%M:%S", time.localtime(time.time() + self.remaining_s))
+            lines.append(f"  ETA       {_dur(self.remaining_s)} (about {at}); {self.remaining_steps:.0f} steps "
+                         f"left; chain lengths from {self.basis}")
+        lines.extend(f"  note      {n}" for n in self.notes)
+        return "\n".join(lines)
+
+
+def _dur(s: float) -> str:
+    s = max(0.0, s)
+    h, rem = divmod(int(round(s)), 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{s:.1f}s")
+
+
+def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
+    """Progress and ETA of a batch; raises frames.UnknownBatch for an unknown id."""
+    data = load_batch(store, batch_id)
+    now = time.time() if now is None else now
+    sm, st = data.samples, data.steps
+    counts = {str(k): int(v) for k, v in sm["status"].value_counts().items()}
+    done_mask = sm["status"].isin(DONE_STATES)
+    completed_steps = st[st["status"] == "completed"]
+    t0 = sm["admitted_at"].min()
+    elapsed = 0.0 if pd.isna(t0) else max(0.0, now - float(t0))
+    if done_mask.all() and len(sm):
+        last = float(sm["finished_at"].max()) if sm["finished_at"].notna().any() else now
+        elapsed = 0.0 if pd.isna(t0) else last - float(t0)
+    eta = Eta(batch_id=data.batch_id, name=data.name, status=data.status, total=len(sm), done=int(done_mask.sum()),
+              counts=counts, steps_done=len(completed_steps),
+              steps_retried=int(st["status"].isin(["failed", "abandoned"]).sum()),
+              steps_running=int((st["status"] == "running").sum()), elapsed_s=elapsed, remaining_steps=None,
+              step_rate=None, step_s_per_sample=None, remaining_s=None, basis="nothing yet")
+    if done_mask.all():
+        eta.remaining_steps, eta.remaining_s, eta.basis = 0.0, 0.0, "finished"
+        return eta
+
+    left = sm[~done_mask]
+    hist = history_steps_per_task(store, [str(t) for t in left["task_id"]], data.batch_id)
+    eta.tasks_with_history = int(left["task_id"].isin(hist.index).sum())
+    completed = sm[sm["status"] == "completed"]
+    batch_mean = float(completed["steps_done"].mean()) if len(completed) else math.nan
+    expected = left["task_id"].map(hist).astype("float64")
+    from_batch = expected.isna()
+    expected = expected.fillna(batch_mean)
+    unknown = expected.isna()
+    expected = expected.where(~unknown, left["steps_done"] + 1)  # lower bound when nothing is known
+    remaining = np.maximum(expected - left["steps_done"], 1.0)
+    eta.remaining_steps = float(remaining.sum())
+    sources = []
+    if eta.tasks_with_history:
+        sources.append(f"earlier batches ({eta.tasks_with_history} samples)")
+    if (from_batch & ~unknown).any():
+        sources.append(f"this batch's {len(completed)} completed samples")
+    if unknown.any():
+        sources.append(f"a lower bound for {int(unknown.sum())} samples (no finished chain seen)")
+    eta.basis = "; ".join(sources)
+
+    if eta.steps_done == 0 or elapsed <= 0:
+        eta.notes.append("no completed step yet: no rate to extrapolate")
+        return eta
+    eta.step_rate = eta.steps_done / elapsed
+    # Seconds per step along one chain: each sample's time to its last completed step / its steps.
+    last_fin = completed_steps.groupby("sample_id")["finished_at"].max()
+    per = sm.set_index("id").join(last_fin.rename("last_fin"), how="inner")
+    per = per[per["steps_done"] > 0]
+    per_step = ((per["last_fin"] - per["admitted_at"]) / per["steps_done"]).clip(lower=0)
+    eta.step_s_per_sample = float(per_step.mean()) if len(per_step) else None
+    throughput_s = eta.remaining_steps / eta.step_rate
+    chain_s = float(remaining.max()) * (eta.step_s_per_sample or 0.0)
+    eta.remaining_s = max(throughput_s, chain_s)
+    return eta

@@ -1,0 +1,32 @@
+"""Helpers shared by the subcommands: the --db option, opening the store, error exits."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EXIT_USAGE = 2  # bad input: config file, batch id, arguments
+
+
+def quiet_prefect_defaults() -> None:
+    """Prefect settings that keep a CLI run lean; a user's own environment wins."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
+    os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
+    # The temporary server that Prefect starts when no PREFECT_API_URL is set logs harmless
+    # errors while it shuts down with the process; keep those out of the user's terminal.
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db", metavar="URL", default=None,
+        help="store URL (default: $AGENTBATCH_DB_URL, else sqlite file $AGENTBATCH_DB_PATH or ./agentbatch.sqlite)",
+    )
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> int:
+    print(f"agentbatch: error: {message}", file=sys.stderr)
+    return code

@@ -1,0 +1,55 @@
+"""`agentbatch report BATCH_ID [--compare OTHER ...] [--out DIR] [--db URL]`: write the HTML/PNG
+report of a batch (optionally against others) and print its summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="write a batch's HTML/PNG report and print its makespan summary",
+        description="Write an offline HTML page (interactive charts) and PNG charts of a batch: makespan, "
+        "lower bound, tail, phases, utilisation, cache hits, critical samples. With --compare, the "
+        "other batches are shown side by side with ratios to the first, and their scores are checked "
+        "per task id.",
+    )
+    p.add_argument("batch_id", type=int, help="batch id (see the store)")
+    p.add_argument("--compare", type=int, nargs="+", default=[], metavar="OTHER",
+                   help="other batch ids (same tasks, different policies) to compare against")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default ./reports/batch-<id>/)")
+    p.add_argument("--db", default=None, help="store URL (default: AGENTBATCH_DB_URL or ./agentbatch.sqlite)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here: the CLI loads every command module, and pandas/plotly are slow to import.
+    from agentbatch.dashboards.analytics import BatchAnalysis
+    from agentbatch.dashboards.compare import compare
+    from agentbatch.dashboards.frames import UnknownBatch, load_batch
+    from agentbatch.dashboards.report import default_out_dir, write_report_for
+    from agentbatch.dashboards.summary import summary_from_analysis
+    from agentbatch.db.store import Store
+
+    store = Store(args.db)
+    try:
+        ids = [args.batch_id, *args.compare]
+        try:
+            analyses = [BatchAnalysis(load_batch(store, b)) for b in ids]
+        except UnknownBatch as exc:
+            print(f"agentbatch report: {exc}", file=sys.stderr)
+            return 2
+        out = args.out or default_out_dir(args.batch_id)
+        index = write_report_for(analyses, out)
+        for a in analyses:
+            print(summary_from_analysis(a).to_text())
+        if len(analyses) > 1:
+            print(compare(analyses).to_text())
+        print(f"report: {index.resolve()}")
+        print(f"charts: {', '.join(str(p) for p in sorted(index.parent.glob('*.png')))}")
+        return 0
+    finally:
+        store.close()

@@ -1,0 +1,45 @@
+"""`agentbatch run CONFIG`: create a batch from a config file and run it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="run a batch from a YAML/TOML config",
+        description="Create a batch from CONFIG (YAML or TOML; see examples/ and docs/config.md), run every "
+        "sample through the Prefect flow, record every step in the store, and print makespan and score. "
+        "A bad config is reported with the field at fault (exit 2) and nothing is written.",
+    )
+    p.add_argument("config", type=Path, help="batch config file (.yaml, .yml, .toml)")
+    add_db_option(p)
+    p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from agentbatch.flows.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return fail(str(exc))
+    quiet_prefect_defaults()
+    from agentbatch.db.store import Store
+    from agentbatch.flows.batch import create_batch, run_flow
+    from agentbatch.flows.commands.resume import print_outcome
+
+    store = Store(args.db)
+    try:
+        batch_id = create_batch(config, store)
+    except (ValueError, KeyError) as exc:
+        return fail(f"{args.config}: {exc}")
+    print(f"batch {batch_id} created in {store.url} ({len(store.samples(batch_id))} samples); "
+          f"resume with: agentbatch resume {batch_id}", flush=True)
+    outcome = run_flow(store, batch_id, show_progress=False if args.no_progress else None)
+    return print_outcome(store, outcome, args.report)

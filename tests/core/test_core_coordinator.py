@@ -1,0 +1,103 @@
+"""The coordinator never lets more run than allowed, and honours coupled mode."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority, FifoQueue, RoundRobinRouter
+from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
+from agentbatch.tasks.coordinator import Coordinator
+
+
+def make(limits: AdmissionLimits, workers=("w0", "w1")) -> Coordinator:
+    return Coordinator(limits=limits, workers=list(workers), env_queue=FifoQueue(),
+                       inference_queues={w: FifoQueue() for w in workers}, router=RoundRobinRouter(),
+                       priority=FcfsPriority())
+
+
+async def chains(coord: Coordinator, samples: int, steps: int, seed: int = 0) -> dict[str, int]:
+    rng = random.Random(seed)
+    live = {"admission": 0, "environment": 0, "w0": 0, "w1": 0}
+    peak = dict(live)
+
+    def enter(key: str) -> None:
+        live[key] += 1
+        peak[key] = max(peak[key], live[key])
+
+    async def sample(i: int) -> None:
+        p = SampleProgress(sample_id=i, task_id=f"t{i}", arrival_seq=i)
+        await coord.admit(p)
+        enter("admission")
+        for k in range(steps):
+            kind = StepKind.INFERENCE if k % 2 == 0 else StepKind.ENVIRONMENT
+            t = StepTicket(sample=p, kind=kind, step_index=k, enqueued_at=0.0)
+            slot = await coord.acquire(t)
+            key = "environment" if kind == StepKind.ENVIRONMENT else t.worker
+            enter(key)
+            await asyncio.sleep(rng.random() * 0.003)
+            live[key] -= 1
+            coord.release(t, slot)
+        live["admission"] -= 1
+        coord.finish(p)
+
+    await asyncio.gather(*(sample(i) for i in range(samples)))
+    assert all(v == 0 for v in live.values())
+    return peak
+
+
+def test_limits_never_exceeded() -> None:
+    limits = AdmissionLimits(max_active_samples=12, env_slots=3, per_worker_inflight=2)
+    coord = make(limits)
+    peak = asyncio.run(chains(coord, samples=40, steps=8))
+    assert peak["admission"] == 12
+    assert peak["environment"] == 3
+    assert peak["w0"] <= 2 and peak["w1"] <= 2
+    assert coord.peaks()["environment"] == 3
+
+
+def test_coupled_mode_caps_active_samples_at_env_slots() -> None:
+    limits = AdmissionLimits(max_active_samples=12, env_slots=3, per_worker_inflight=4, coupled=True)
+    peak = asyncio.run(chains(make(limits), samples=20, steps=6))
+    assert peak["admission"] == 3
+    assert peak["environment"] <= 3
+
+
+def test_fifo_grants_in_arrival_order() -> None:
+    async def scenario() -> list[int]:
+        coord = make(AdmissionLimits(max_active_samples=10, env_slots=1, per_worker_inflight=1))
+        order: list[int] = []
+        first = StepTicket(sample=SampleProgress(0, "t", 0), kind=StepKind.ENVIRONMENT, step_index=1,
+                           enqueued_at=0)
+        held = await coord.acquire(first)
+
+        async def wait(i: int) -> None:
+            t = StepTicket(sample=SampleProgress(i, "t", i), kind=StepKind.ENVIRONMENT, step_index=1,
+                           enqueued_at=0)
+            slot = await coord.acquire(t)
+            order.append(i)
+            coord.release(t, slot)
+
+        waiters = [asyncio.create_task(wait(i)) for i in range(1, 6)]
+        await asyncio.sleep(0)
+        coord.release(first, held)
+        await asyncio.gather(*waiters)
+        return order
+
+    assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]
+
+
+def test_cancelled_waiter_gives_no_slot_away() -> None:
+    async def scenario() -> int:
+        coord = make(AdmissionLimits(max_active_samples=4, env_slots=1, per_worker_inflight=1))
+        a = StepTicket(sample=SampleProgress(0, "t", 0), kind=StepKind.ENVIRONMENT, step_index=1, enqueued_at=0)
+        slot = await coord.acquire(a)
+        b = StepTicket(sample=SampleProgress(1, "t", 1), kind=StepKind.ENVIRONMENT, step_index=1, enqueued_at=0)
+        waiter = asyncio.create_task(coord.acquire(b))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.sleep(0)
+        coord.release(a, slot)
+        return coord.in_use()["environment"]
+
+    assert asyncio.run(scenario()) == 0
