@@ -78,3 +78,68 @@ def store(db_url) -> Iterator[Store]:
     s = Store(db_url)
     yield s
     s.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory) -> Iterator[str]:
+    """A real Prefect server for the session (unless PREFECT_API_URL points at one already).
+
+    One server for every flow the tests run, in-process or in subprocesses (they inherit the
+    environment), instead of a temporary server per process: those are slow to start on a loaded
+    2-core machine and lose most task-run records when their process ends.
+    """
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    port = _free_port()
+    home = tmp_path_factory.mktemp("prefect-home")
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false"}
+    log = open(home / "server.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.time() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"Prefect server did not start; see {home / 'server.log'}")
+        time.sleep(0.5)
+    old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
+    os.environ["PREFECT_API_URL"] = url
+    os.environ["PREFECT_HOME"] = str(home)
+    try:
+        yield url
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

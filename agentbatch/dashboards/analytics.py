@@ -181,8 +181,8 @@ class BatchAnalysis:
     def cache_hit_rate(self) -> float | None:
         inf = self.completed_steps[self.completed_steps["kind"] == "inference"]
         prompt = float(inf["prompt_tokens"].sum())
-        if prompt <= 0:
-            return None
+        if prompt <= 0 or inf["cached_prompt_tokens"].isna().all():
+            return None  # the engine did not report cached tokens: unknown, not 0 %
         return float(inf["cached_prompt_tokens"].sum()) / prompt
 
     @cached_property

@@ -7,6 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from agentbatch.dashboards.analytics import PHASES, BatchAnalysis
+from agentbatch.dashboards.timeline import binned_average
 
 # Bars of a Gantt chart: label, colour. Queues are pale versions of the work they wait for.
 SEGMENTS = {
@@ -19,6 +20,7 @@ SEGMENTS = {
 PHASE_COLOURS = dict(zip(PHASES, ("#c6dbef", "#6baed6", "#2171b5", "#fdd0a2", "#e6550d", "#cb181d", "#969696"),
                          strict=True))
 GANTT_MAX_SAMPLES = 300  # beyond this the chart shows the samples that finished last
+UTIL_BINS = 120  # utilisation is shown as the mean over each 1/120 of the makespan
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.15))
 
 
@@ -34,7 +36,8 @@ def gantt_segments(a: BatchAnalysis, max_samples: int = GANTT_MAX_SAMPLES) -> pd
     if len(order) > max_samples:
         order = order.sort_values("finished_at", ascending=False, na_position="first").head(max_samples)
         order = order.sort_values("finished_at", na_position="last")
-    rows = {sid: f"{a.samples.set_index('id').loc[sid, 'index']}:{r['task_id']}" for sid, r in order.iterrows()}
+    index = a.samples.set_index("id")["index"]
+    rows = {sid: f"{index[sid]}:{task}" for sid, task in zip(order.index, order["task_id"], strict=True)}
     st = a.steps[a.steps["sample_id"].isin(rows.keys())]
     end = st["finished_at"].fillna(a.t_end if a.t_end is not None else np.nan)
     out = []
@@ -77,17 +80,21 @@ def gantt(a: BatchAnalysis) -> go.Figure:
 
 
 def utilisation(a: BatchAnalysis) -> go.Figure:
-    t0 = a.t0 or 0.0
+    """Mean fraction of capacity in use per time bin; the raw step curves are one legend click away."""
+    t0, t1 = a.t0 or 0.0, a.t_end or 0.0
     fig = go.Figure()
     cap = a.capacity
-    for w, c in sorted(a.worker_curves.items()):
-        fig.add_scatter(x=c["t"] - t0, y=c["level"] / cap.per_worker_inflight, mode="lines", line_shape="hv",
-                        name=f"worker {w} in-flight / {cap.per_worker_inflight}")
-    c = a.env_curve
-    fig.add_scatter(x=c["t"] - t0, y=c["level"] / cap.env_slots, mode="lines", line_shape="hv",
-                    name=f"environment busy / {cap.env_slots} slots", line=dict(color="#e6550d", width=3))
-    fig.update_layout(title=f"Utilisation over time, {label(a)}", xaxis_title="seconds from t0",
-                      yaxis_title="fraction of capacity", height=380, **_LAYOUT)
+    curves = [(f"worker {w} in-flight / {cap.per_worker_inflight}", c, cap.per_worker_inflight, None)
+              for w, c in sorted(a.worker_curves.items())]
+    curves.append((f"environment busy / {cap.env_slots} slots", a.env_curve, cap.env_slots,
+                   dict(color="#e6550d", width=3)))
+    for name, c, denom, line in curves:
+        b = binned_average(c, t0, t1, UTIL_BINS)
+        fig.add_scatter(x=b["t"] - t0, y=b["level"] / denom, mode="lines", line_shape="hv", name=name, line=line)
+        fig.add_scatter(x=c["t"] - t0, y=c["level"] / denom, mode="lines", line_shape="hv", name=f"{name} (raw)",
+                        visible="legendonly", line=dict(width=1))
+    fig.update_layout(title=f"Utilisation over time (mean per bin of {(t1 - t0) / UTIL_BINS:.2g} s), {label(a)}",
+                      xaxis_title="seconds from t0", yaxis_title="fraction of capacity", height=400, **_LAYOUT)
     return fig
 
 
@@ -104,11 +111,12 @@ def active_samples(analyses: list[BatchAnalysis]) -> go.Figure:
 def env_utilisation_compare(analyses: list[BatchAnalysis]) -> go.Figure:
     fig = go.Figure()
     for a in analyses:
-        c = a.env_curve
-        fig.add_scatter(x=c["t"] - (a.t0 or 0.0), y=c["level"] / a.capacity.env_slots, mode="lines",
-                        line_shape="hv", name=label(a))
-    fig.update_layout(title="Environment slots busy (fraction)", xaxis_title="seconds from t0", height=350,
-                      **_LAYOUT)
+        t0, t1 = a.t0 or 0.0, a.t_end or 0.0
+        b = binned_average(a.env_curve, t0, t1, UTIL_BINS)
+        fig.add_scatter(x=b["t"] - t0, y=b["level"] / a.capacity.env_slots, mode="lines", line_shape="hv",
+                        name=label(a))
+    fig.update_layout(title="Environment slots busy (fraction, mean per bin)", xaxis_title="seconds from t0",
+                      height=350, **_LAYOUT)
     return fig
 
 

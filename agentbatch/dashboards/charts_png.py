@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from agentbatch.dashboards.analytics import PHASES, BatchAnalysis  # noqa: E402
-from agentbatch.dashboards.charts_html import PHASE_COLOURS, SEGMENTS, gantt_segments, label  # noqa: E402
+from agentbatch.dashboards.charts_html import PHASE_COLOURS, SEGMENTS, UTIL_BINS, gantt_segments, label  # noqa: E402
+from agentbatch.dashboards.timeline import binned_average  # noqa: E402
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
@@ -41,15 +42,16 @@ def gantt_png(a: BatchAnalysis, path: Path) -> Path:
 
 
 def utilisation_png(a: BatchAnalysis, path: Path) -> Path:
-    t0 = a.t0 or 0.0
+    t0, t1 = a.t0 or 0.0, a.t_end or 0.0
     cap = a.capacity
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
     for w, c in sorted(a.worker_curves.items()):
-        ax1.step(c["t"] - t0, c["level"] / cap.per_worker_inflight, where="post", label=f"worker {w}")
-    c = a.env_curve
-    ax1.step(c["t"] - t0, c["level"] / cap.env_slots, where="post", label="environment slots", color="#e6550d",
+        b = binned_average(c, t0, t1, UTIL_BINS)
+        ax1.step(b["t"] - t0, b["level"] / cap.per_worker_inflight, where="post", label=f"worker {w}")
+    b = binned_average(a.env_curve, t0, t1, UTIL_BINS)
+    ax1.step(b["t"] - t0, b["level"] / cap.env_slots, where="post", label="environment slots", color="#e6550d",
              linewidth=2)
-    ax1.set_ylabel("fraction of capacity")
+    ax1.set_ylabel("fraction of capacity (bin mean)")
     ax1.set_title(f"Utilisation, {label(a)}")
     ax1.legend(fontsize=8)
     c = a.active_curve

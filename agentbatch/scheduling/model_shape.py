@@ -17,10 +17,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DTYPE_BYTES: dict[str, float] = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "int8": 1,
-    "int4": 0.5, "fp4": 0.5, "nvfp4": 0.5, "mxfp4": 0.5,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "float8_e4m3fn": 1,
+    "int8": 1,
+    "int4": 0.5,
+    "fp4": 0.5,
+    "nvfp4": 0.5,
+    "mxfp4": 0.5,
 }
 
 
@@ -35,7 +48,9 @@ class ConfigError(ValueError):
 def dtype_bytes(name: str, *, source: str = "dtype", field_name: str = "dtype") -> float:
     key = str(name).lower().removeprefix("torch.")
     if key not in DTYPE_BYTES:
-        raise ConfigError(source, field_name, f"unknown dtype {name!r}; expected one of {sorted(DTYPE_BYTES)}")
+        raise ConfigError(
+            source, field_name, f"unknown dtype {name!r}; expected one of {sorted(DTYPE_BYTES)}"
+        )
     return DTYPE_BYTES[key]
 
 
@@ -127,7 +142,11 @@ class _Reader:
     def get(self, *names: str, default: Any = None) -> Any:
         for n in names:
             if self.cfg.get(n) is not None:
-                self.read.append(f"{n}={self.cfg[n]!r}" if not isinstance(self.cfg[n], list) else f"{n}=[{len(self.cfg[n])} items]")
+                self.read.append(
+                    f"{n}={self.cfg[n]!r}"
+                    if not isinstance(self.cfg[n], list)
+                    else f"{n}=[{len(self.cfg[n])} items]"
+                )
                 return self.cfg[n]
         return default
 
@@ -138,7 +157,9 @@ class _Reader:
                 self.read.append(f"{names[0]} absent -> {default}{' (' + why + ')' if why else ''}")
                 return default
             alias = " or ".join(repr(n) for n in names)
-            raise ConfigError(self.source, names[0], f"missing; expected a positive integer (looked for {alias})")
+            raise ConfigError(
+                self.source, names[0], f"missing; expected a positive integer (looked for {alias})"
+            )
         if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value or value < 0:
             raise ConfigError(self.source, names[0], f"expected a non-negative integer, got {value!r}")
         return int(value)
@@ -177,12 +198,19 @@ def _attention(r: _Reader, kv_dtype: str) -> tuple[int, str, int, int]:
         rank, rope = r.int("kv_lora_rank"), r.int("qk_rope_head_dim", default=64, why="DeepSeek default")
         heads = r.int("num_attention_heads")
         b = dtype_bytes(kv_dtype)
-        return int((rank + rope) * b), f"(kv_lora_rank {rank} + qk_rope_head_dim {rope}) x {b:g} B (MLA)", heads, rank
+        return (
+            int((rank + rope) * b),
+            f"(kv_lora_rank {rank} + qk_rope_head_dim {rope}) x {b:g} B (MLA)",
+            heads,
+            rank,
+        )
     heads = r.int("num_attention_heads", "n_head", "num_heads")
     if heads == 0:
         raise r.error("num_attention_heads", "expected > 0")
     kv_heads = r.int("num_key_value_heads", "n_head_kv", default=heads, why="no GQA field: MHA assumed")
-    head_dim = r.int("head_dim", "attention_head_dim", default=hidden // heads, why="hidden_size / num_attention_heads")
+    head_dim = r.int(
+        "head_dim", "attention_head_dim", default=hidden // heads, why="hidden_size / num_attention_heads"
+    )
     b = dtype_bytes(kv_dtype)
     return (
         int(2 * kv_heads * head_dim * b),
@@ -217,11 +245,15 @@ def _layer_kinds(r: _Reader, family: str, num_layers: int) -> list[str]:
         # As the Ring-linear modeling code: the last layer of each group is softmax attention, and so is
         # every layer of an incomplete trailing group.
         full = (num_layers // g) * g
-        return ["attention" if (i + 1) % g == 0 or i >= full else "linear_attention" for i in range(num_layers)]
+        return [
+            "attention" if (i + 1) % g == 0 or i >= full else "linear_attention" for i in range(num_layers)
+        ]
     if family == "nemotron_h":
         pattern = r.get("hybrid_override_pattern")
         if not isinstance(pattern, str):
-            raise r.error("hybrid_override_pattern", "expected a string of M (mamba2), * (attention), - (MLP), E (MoE)")
+            raise r.error(
+                "hybrid_override_pattern", "expected a string of M (mamba2), * (attention), - (MLP), E (MoE)"
+            )
         check_len("hybrid_override_pattern", pattern)
         mapping = {"M": "mamba2", "*": "attention", "-": "mlp", "E": "mlp"}
         return [_map_kind(r, "hybrid_override_pattern", c, mapping) for c in pattern]
@@ -229,7 +261,10 @@ def _layer_kinds(r: _Reader, family: str, num_layers: int) -> list[str]:
         if isinstance(cfg.get("layers_block_type"), list):
             kinds = r.get("layers_block_type")
             check_len("layers_block_type", kinds)
-            return [_map_kind(r, "layers_block_type", k, {"attention": "attention", "mamba": "mamba1"}) for k in kinds]
+            return [
+                _map_kind(r, "layers_block_type", k, {"attention": "attention", "mamba": "mamba1"})
+                for k in kinds
+            ]
         period = r.int("attn_layer_period", default=8, why="Jamba default")
         offset = r.int("attn_layer_offset", default=4, why="Jamba default")
         if period <= 0:
@@ -242,14 +277,21 @@ def _layer_kinds(r: _Reader, family: str, num_layers: int) -> list[str]:
         if not isinstance(kinds, list):
             raise r.error("layer_types", "expected a list of 'conv' / 'full_attention'")
         check_len("layer_types", kinds)
-        return [_map_kind(r, "layer_types", k, {"full_attention": "attention", "conv": "short_conv"}) for k in kinds]
+        return [
+            _map_kind(r, "layer_types", k, {"full_attention": "attention", "conv": "short_conv"})
+            for k in kinds
+        ]
     if family == "generic_hybrid":
         name = "layers_block_type" if isinstance(cfg.get("layers_block_type"), list) else "layer_types"
         kinds = r.get(name)
         check_len(name, kinds)
         mapping = {
-            "attention": "attention", "full_attention": "attention", "mamba": "mamba2", "mamba2": "mamba2",
-            "hybrid": "mamba2+attention", "linear_attention": "gated_deltanet",
+            "attention": "attention",
+            "full_attention": "attention",
+            "mamba": "mamba2",
+            "mamba2": "mamba2",
+            "hybrid": "mamba2+attention",
+            "linear_attention": "gated_deltanet",
         }
         out: list[str] = []
         for k in kinds:
@@ -260,7 +302,10 @@ def _layer_kinds(r: _Reader, family: str, num_layers: int) -> list[str]:
     if isinstance(cfg.get("layer_types"), list):
         kinds = r.get("layer_types")
         check_len("layer_types", kinds)
-        return [_map_kind(r, "layer_types", k, {"full_attention": "attention", "attention": "attention"}) for k in kinds]
+        return [
+            _map_kind(r, "layer_types", k, {"full_attention": "attention", "attention": "attention"})
+            for k in kinds
+        ]
     return ["attention"] * num_layers
 
 
@@ -295,8 +340,12 @@ def _family(cfg: Mapping[str, Any], source: str) -> str:
     ):
         return "generic_hybrid"
     if cfg.get("num_attention_heads") is None and cfg.get("n_head") is None:
-        raise ConfigError(source, "model_type", f"cannot tell the model family of model_type={model_type!r} "
-                          "(no attention heads and no hybrid layer pattern)")
+        raise ConfigError(
+            source,
+            "model_type",
+            f"cannot tell the model family of model_type={model_type!r} "
+            "(no attention heads and no hybrid layer pattern)",
+        )
     return "dense"
 
 
@@ -312,16 +361,26 @@ def _state_group(r: _Reader, kind: str, count: int, model_dtype: str, state_dtyp
         sb = dtype_bytes(sd)
         conv_dim = 2 * nk * dk + nv * dv
         return StateLayers(
-            kind, count, int(nv * dk * dv * sb), int((kconv - 1) * conv_dim * conv_b),
-            f"ssm {nv} v_heads x {dk} x {dv} x {sb:g} B + conv ({kconv}-1) x {conv_dim} x {conv_b:g} B", sd,
+            kind,
+            count,
+            int(nv * dk * dv * sb),
+            int((kconv - 1) * conv_dim * conv_b),
+            f"ssm {nv} v_heads x {dk} x {dv} x {sb:g} B + conv ({kconv}-1) x {conv_dim} x {conv_b:g} B",
+            sd,
         )
     if kind == "linear_attention":  # Ring/Ling lightning attention: MHA state heads x d x d, kept in fp32
         heads = r.int("num_attention_heads")
         head_dim = r.int("head_dim", default=hidden // heads, why="hidden_size / num_attention_heads")
         sd = state_dtype or "float32"
         sb = dtype_bytes(sd)
-        return StateLayers(kind, count, int(heads * head_dim * head_dim * sb), 0,
-                           f"{heads} heads x {head_dim} x {head_dim} x {sb:g} B ({sd})", sd)
+        return StateLayers(
+            kind,
+            count,
+            int(heads * head_dim * head_dim * sb),
+            0,
+            f"{heads} heads x {head_dim} x {head_dim} x {sb:g} B ({sd})",
+            sd,
+        )
     if kind == "mamba2":
         d_state = r.int("ssm_state_size", "state_size", "mamba_d_state")
         n_groups = r.int("n_groups", "mamba_n_groups", default=1, why="single group")
@@ -339,8 +398,12 @@ def _state_group(r: _Reader, kind: str, count: int, model_dtype: str, state_dtyp
         sb = dtype_bytes(sd)
         conv_dim = d_inner + 2 * n_groups * d_state
         return StateLayers(
-            kind, count, int(nheads * head_dim * d_state * sb), int((d_conv - 1) * conv_dim * conv_b),
-            f"ssm {nheads} heads x {head_dim} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {conv_dim} x {conv_b:g} B", sd,
+            kind,
+            count,
+            int(nheads * head_dim * d_state * sb),
+            int((d_conv - 1) * conv_dim * conv_b),
+            f"ssm {nheads} heads x {head_dim} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {conv_dim} x {conv_b:g} B",
+            sd,
         )
     if kind == "mamba1":
         d_state = r.int("mamba_d_state", "state_size", "ssm_state_size", default=16, why="Mamba default")
@@ -352,14 +415,24 @@ def _state_group(r: _Reader, kind: str, count: int, model_dtype: str, state_dtyp
         sd = state_dtype or str(r.cfg.get("mamba_ssm_dtype") or model_dtype)
         sb = dtype_bytes(sd)
         return StateLayers(
-            kind, count, int(d_inner * d_state * sb), int((d_conv - 1) * d_inner * conv_b),
-            f"ssm {d_inner} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {d_inner} x {conv_b:g} B", sd,
+            kind,
+            count,
+            int(d_inner * d_state * sb),
+            int((d_conv - 1) * d_inner * conv_b),
+            f"ssm {d_inner} x {d_state} x {sb:g} B + conv ({d_conv}-1) x {d_inner} x {conv_b:g} B",
+            sd,
         )
     if kind == "short_conv":  # LFM2: a (L_cache-1) x conv_dim window, conv_dim defaults to hidden_size
         l_cache = r.int("conv_L_cache", default=3, why="LFM2 default")
         conv_dim = r.int("conv_dim", default=hidden, why="= hidden_size")
-        return StateLayers(kind, count, 0, int((l_cache - 1) * conv_dim * conv_b),
-                           f"conv ({l_cache}-1) x {conv_dim} x {conv_b:g} B", model_dtype)
+        return StateLayers(
+            kind,
+            count,
+            0,
+            int((l_cache - 1) * conv_dim * conv_b),
+            f"conv ({l_cache}-1) x {conv_dim} x {conv_b:g} B",
+            model_dtype,
+        )
     raise r.error("layer type", f"no state model for {kind!r}")
 
 
@@ -372,9 +445,18 @@ def _estimate_params(r: _Reader, family: str, kinds: list[str]) -> tuple[float, 
     cfg = r.cfg
     hidden = r.int("hidden_size", "d_model")
     vocab = r.int("vocab_size", default=0, why="embeddings not counted")
-    for name in ("tie_word_embeddings", "intermediate_size", "num_experts", "num_local_experts", "n_routed_experts",
-                 "num_experts_per_tok", "moe_intermediate_size", "num_shared_experts",
-                 "shared_expert_intermediate_size", "first_k_dense_replace"):
+    for name in (
+        "tie_word_embeddings",
+        "intermediate_size",
+        "num_experts",
+        "num_local_experts",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "num_shared_experts",
+        "shared_expert_intermediate_size",
+        "first_k_dense_replace",
+    ):
         r.get(name)  # recorded for the reasoning table
     tied = bool(cfg.get("tie_word_embeddings", family in ("mamba1", "mamba2")))
     embed = vocab * hidden * (1 if tied else 2)
@@ -383,11 +465,16 @@ def _estimate_params(r: _Reader, family: str, kinds: list[str]) -> tuple[float, 
     head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
     q_mult = 2 if family == "qwen3_next" else 1  # Qwen3-Next gates its attention output: q_proj is doubled
     attn = hidden * heads * head_dim * (q_mult + 1) + 2 * hidden * kv_heads * head_dim if heads else 0
-    num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+    num_experts = int(
+        cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+    )
     top_k = int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 0)
     moe_inter = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
     inter = int(cfg.get("intermediate_size") or 0)
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0) or int(cfg.get("num_shared_experts") or 0) * moe_inter
+    shared = (
+        int(cfg.get("shared_expert_intermediate_size") or 0)
+        or int(cfg.get("num_shared_experts") or 0) * moe_inter
+    )
     first_dense = int(cfg.get("first_k_dense_replace") or 0)
     total = active = routed = float(embed)
     active -= vocab * hidden if not tied else 0  # the input embedding is a lookup, not a matmul
@@ -402,9 +489,13 @@ def _estimate_params(r: _Reader, family: str, kinds: list[str]) -> tuple[float, 
             dk, dv = int(cfg.get("linear_key_head_dim", 0)), int(cfg.get("linear_value_head_dim", 0))
             p = hidden * (2 * nk * dk + 2 * nv * dv + 2 * nv) + nv * dv * hidden
         elif kind in ("mamba2", "mamba1"):
-            d_state = int(cfg.get("ssm_state_size") or cfg.get("state_size") or cfg.get("mamba_d_state") or 16)
+            d_state = int(
+                cfg.get("ssm_state_size") or cfg.get("state_size") or cfg.get("mamba_d_state") or 16
+            )
             nh, hd = int(cfg.get("mamba_num_heads") or 0), int(cfg.get("mamba_head_dim") or 0)
-            d_inner = nh * hd if nh and hd else int(cfg.get("mamba_expand") or cfg.get("expand") or 2) * hidden
+            d_inner = (
+                nh * hd if nh and hd else int(cfg.get("mamba_expand") or cfg.get("expand") or 2) * hidden
+            )
             groups = int(cfg.get("n_groups") or cfg.get("mamba_n_groups") or 1)
             p = hidden * (2 * d_inner + 2 * groups * d_state) + d_inner * hidden
         elif kind == "short_conv":

@@ -51,6 +51,7 @@ Pure: stdlib + numpy, no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -139,12 +140,22 @@ class Workload:
     peak_context: int | None = None
     num_samples: int | None = None
     source: str = "given"
+    weights: tuple[float, ...] | None = None  # time each context is held (None = equal)
+    output_tokens: float | None = None  # mean output tokens per inference step (for the goodput pick)
+    new_tokens: float | None = None  # mean prompt tokens per step not in the previous context (observations)
+    prefix_groups: int = 1  # distinct shared prefixes (tool sets), each stored once
 
     def __post_init__(self) -> None:
         if not self.contexts:
             raise PlanError("workload: no context lengths given")
         if any(c <= 0 or not math.isfinite(c) for c in self.contexts):
             raise PlanError("workload: context lengths must be positive numbers")
+        if self.weights is not None and (
+            len(self.weights) != len(self.contexts)
+            or any(w < 0 for w in self.weights)
+            or sum(self.weights) <= 0
+        ):
+            raise PlanError("workload: weights must be one non-negative number per context, not all zero")
         if not 0 <= self.env_fraction < 1:
             raise PlanError(f"workload: env_fraction must be in [0, 1), got {self.env_fraction}")
         if self.shared_prefix < 0 or self.shared_prefix > self.mean_context:
@@ -155,14 +166,23 @@ class Workload:
 
     @property
     def mean_context(self) -> float:
-        return float(np.mean(self.contexts))
+        return float(np.average(self.contexts, weights=self.weights))
 
     @property
     def std_context(self) -> float:
-        return float(np.std(self.contexts))
+        mu = self.mean_context
+        return float(math.sqrt(np.average((np.asarray(self.contexts) - mu) ** 2, weights=self.weights)))
 
     def quantile(self, q: float) -> float:
-        return float(np.quantile(self.contexts, q))
+        x = np.asarray(self.contexts, dtype=float)
+        if self.weights is None:
+            return float(np.quantile(x, q))
+        order = np.argsort(x)
+        cum = np.cumsum(np.asarray(self.weights, dtype=float)[order])
+        return float(x[order][min(len(x) - 1, int(np.searchsorted(cum, q * cum[-1])))])
+
+    def replace(self, **changes: Any) -> Workload:
+        return dataclasses.replace(self, **changes)
 
     @classmethod
     def from_stats(
@@ -174,6 +194,8 @@ class Workload:
         shared_prefix: int = 0,
         peak_context: int | None = None,
         num_samples: int | None = None,
+        output_tokens: float | None = None,
+        new_tokens: float | None = None,
         points: int = 201,
     ) -> Workload:
         """A lognormal context distribution with the given mean and 95th percentile.
@@ -209,6 +231,8 @@ class Workload:
             peak_context=peak_context,
             num_samples=num_samples,
             source=f"given: mean {mean_context:g}, p95 {p95_context}",
+            output_tokens=output_tokens,
+            new_tokens=new_tokens,
         )
 
 
@@ -234,6 +258,8 @@ class EngineOptions:
     safety_z: float = 1.645
     max_num_batched_tokens: int = 8192
     cost: LinearCost | None = None  # decode cost model for B_busy; None = roofline from Hardware
+    allow_recompute: bool = True  # may N_ref pass N_mem where predicted goodput says so
+    goodput_tolerance: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -310,14 +336,18 @@ class Plan:
         return "vllm serve " + model + "".join(_flag(k, v) for k, v in self.vllm_args.items())
 
     def sglang_command(self, model: str = "MODEL") -> str:
-        return "python -m sglang.launch_server --model-path " + model + "".join(
-            _flag(k, v) for k, v in self.sglang_args.items()
+        return (
+            "python -m sglang.launch_server --model-path "
+            + model
+            + "".join(_flag(k, v) for k, v in self.sglang_args.items())
         )
 
     def table(self) -> str:
         """The reasoning table as aligned plain text."""
         head = ("quantity", "formula", "value")
-        body = [(r.quantity, r.formula, r.value_text() + (f"  ({r.note})" if r.note else "")) for r in self.rows]
+        body = [
+            (r.quantity, r.formula, r.value_text() + (f"  ({r.note})" if r.note else "")) for r in self.rows
+        ]
         w0 = max(len(head[0]), *(len(b[0]) for b in body))
         w1 = min(90, max(len(head[1]), *(len(b[1]) for b in body)))
         lines = [f"{head[0]:<{w0}}  {head[1]:<{w1}}  {head[2]}", f"{'-' * w0}  {'-' * w1}  {'-' * 20}"]
@@ -382,10 +412,11 @@ class _Demand:
     prefix: int
     hybrid: bool
     states_per_running: int
+    groups: int = 1
 
     def mean_bytes(self, n: int, m: int) -> float:
         per = self.tokens_per_sample * self.kv + self.s_pad
-        shared = self.prefix * self.kv + (self.s_pad if self.hybrid and self.prefix else 0)
+        shared = self.groups * (self.prefix * self.kv + (self.s_pad if self.hybrid and self.prefix else 0))
         return n * per + m * (self.states_per_running - 1) * self.s_pad + shared
 
     def sd_bytes(self, n: int) -> float:
@@ -421,7 +452,10 @@ def _busy_batch(
     else:
         wbpp = shape.weights_bytes / shape.total_params if shape.total_params else 2.0
         dense_params = shape.total_params - shape.routed_expert_params
-        flops_seq = 2 * shape.active_params + 4 * context * shape.attention_layers * shape.num_attention_heads * shape.head_dim
+        flops_seq = (
+            2 * shape.active_params
+            + 4 * context * shape.attention_layers * shape.num_attention_heads * shape.head_dim
+        )
         bytes_seq = context * shape.kv_bytes_per_token + 2 * shape.state_bytes_per_seq
         k_over_e = shape.experts_per_token / shape.num_experts if shape.num_experts else 0.0
 
@@ -449,7 +483,9 @@ def _overflow(mean: float, sd: float, cap: float) -> float:
     return (mean - cap) * cdf + sd * pdf
 
 
-def _recompute_at(n: int, dem: _Demand, cap: float, f: float, tail: float, mean_ctx: float) -> dict[str, float]:
+def _recompute_at(
+    n: int, dem: _Demand, cap: float, f: float, tail: float, mean_ctx: float
+) -> dict[str, float]:
     m = _running_max(n, f)
     mean, sd = dem.mean_bytes(n, m), dem.sd_bytes(n)
     over = _overflow(mean, sd, cap)
@@ -464,8 +500,60 @@ def _recompute_at(n: int, dem: _Demand, cap: float, f: float, tail: float, mean_
         "evicted_fraction": evict,
         "recompute_tokens_per_step": recomputed,
         "recompute_ratio": recomputed / mean_ctx,
-        "running_overflows": float(running + dem.prefix * dem.kv > cap),
+        "running_overflows": float(running + dem.groups * dem.prefix * dem.kv > cap),
     }
+
+
+@dataclass(frozen=True)
+class _Goodput:
+    """Predicted decode tokens/s at concurrency N, recompute included (one engine worker).
+
+    R = min((1 - f) N, max_running) sequences decode one token per iteration; each finishes an
+    inference step every `out` iterations, whose prefill is its new tokens plus the recomputed ones:
+        t_iter(N) = t_decode(R) + prefill_s_per_token x R x (new + recompute(N)) / out
+        goodput(N) = R / t_iter(N)
+    """
+
+    step: Callable[[float], float]
+    prefill_s_per_token: float
+    out: float
+    new: float
+    f: float
+    max_running: float
+
+    def __call__(self, n: int, recompute: float) -> float:
+        r = min((1 - self.f) * n, self.max_running)
+        if r <= 0:
+            return 0.0
+        return r / (self.step(r) + self.prefill_s_per_token * r * (self.new + recompute) / self.out)
+
+
+def _goodput_pick(
+    n_fit: int,
+    n_busy: int,
+    goodput: _Goodput,
+    recompute: Callable[[int], float],
+    running_ok: Callable[[int], bool],
+    tolerance: float,
+) -> tuple[int, float, float]:
+    """Smallest N in [n_fit, n_busy] within `tolerance` of the best predicted goodput.
+
+    Returns (N, its goodput, the best goodput). Beyond N_fit every extra sample adds batch but makes
+    returning samples recompute; where recompute is cheap against decode (a short prefill of an
+    evicted context vs. many decode iterations) the best N lies past N_fit.
+    """
+    if n_busy <= n_fit:
+        return n_busy, goodput(n_busy, recompute(n_busy)), goodput(n_busy, recompute(n_busy))
+    stride = max(1, (n_busy - n_fit) // 500)
+    grid = list(range(n_fit, n_busy + 1, stride))
+    values: list[tuple[int, float]] = []
+    for n in grid:
+        if n > n_fit and not running_ok(n):
+            break
+        values.append((n, goodput(n, recompute(n))))
+    best = max(g for _, g in values)
+    n = next(n for n, g in values if g >= (1 - tolerance) * best)
+    return n, dict(values)[n], best
 
 
 def plan(
@@ -483,9 +571,25 @@ def plan(
     f = wl.env_fraction
     usable = hw.gpu_mem_bytes * hw.gpu_util
     cache = usable - shape.weights_bytes - hw.reserve_bytes
-    add(Row("GPU memory usable", "gpu_mem x gpu_util", usable, "B", f"{hw.gpu_util:g} of {format_value(hw.gpu_mem_bytes, 'B')}"))
+    add(
+        Row(
+            "GPU memory usable",
+            "gpu_mem x gpu_util",
+            usable,
+            "B",
+            f"{hw.gpu_util:g} of {format_value(hw.gpu_mem_bytes, 'B')}",
+        )
+    )
     add(Row("weights", shape.weights_source, shape.weights_bytes, "B"))
-    add(Row("activation / overhead reserve", "given", hw.reserve_bytes, "B", "activations, CUDA graphs, non-torch"))
+    add(
+        Row(
+            "activation / overhead reserve",
+            "given",
+            hw.reserve_bytes,
+            "B",
+            "activations, CUDA graphs, non-torch",
+        )
+    )
     add(Row("memory for caches C", "usable - weights - reserve", cache, "B"))
     if cache <= 0:
         raise PlanError(
@@ -504,47 +608,111 @@ def plan(
         add(Row("state bytes per sequence s", "sum over recurrent layers", s, "B"))
         add(Row("state in KV tokens (token_equiv)", "s / kv", shape.token_equiv, "tokens"))
     if kv == 0:
-        raise PlanError("model has no attention layers: the KV/state split does not apply (pure recurrent model)")
+        raise PlanError(
+            "model has no attention layers: the KV/state split does not apply (pure recurrent model)"
+        )
 
     bs, page, why_bs = vllm_block_size(shape, opts)
     s_pad = shape.state_layer_count * page if shape.is_hybrid else 0
     add(Row("block size", why_bs, bs, "tokens"))
     if shape.is_hybrid:
-        add(Row("state bytes as stored s_pad", "recurrent layers x padded page (block x kv per layer)", s_pad, "B",
-                f"padding {100 * (s_pad - s) / s:.1f} %" if s else ""))
+        add(
+            Row(
+                "state bytes as stored s_pad",
+                "recurrent layers x padded page (block x kv per layer)",
+                s_pad,
+                "B",
+                f"padding {100 * (s_pad - s) / s:.1f} %" if s else "",
+            )
+        )
 
     mu, sigma, prefix = wl.mean_context, wl.std_context, wl.shared_prefix
     add(Row("mean context mu", wl.source, mu, "tokens", f"sd {sigma:,.0f}, p95 {wl.quantile(0.95):,.0f}"))
     add(Row("env fraction f", "time waiting on the environment / sample life", f, "ratio"))
     add(Row("shared prefix P", "stored once for all samples", prefix, "tokens"))
-    dem = _Demand(kv, s_pad, mu - prefix + bs / 2, sigma, prefix, shape.is_hybrid, opts.states_per_running)
-    add(Row("bytes per cached sample", "(mu - P + block/2) x kv + s_pad", dem.tokens_per_sample * kv + s_pad, "B"))
+    dem = _Demand(
+        kv, s_pad, mu - prefix + bs / 2, sigma, prefix, shape.is_hybrid, opts.states_per_running, wl.prefix_groups
+    )
+    add(
+        Row(
+            "bytes per cached sample",
+            "(mu - P + block/2) x kv + s_pad",
+            dem.tokens_per_sample * kv + s_pad,
+            "B",
+        )
+    )
 
     def fits(n: int) -> bool:
         m = _running_max(n, f)
         return dem.mean_bytes(n, m) + opts.safety_z * dem.sd_bytes(n) <= cache
 
     n_mem = _largest(fits)
-    add(Row("N_mem (all admitted cached)",
+    add(
+        Row(
+            "N_mem (all admitted cached)",
             f"max N: N x per-sample + M x {opts.states_per_running - 1} x s_pad + P x kv + {opts.safety_z:g} sqrt(N) sd x kv <= C",
-            n_mem, "samples", "M = p99 running of N"))
+            n_mem,
+            "samples",
+            "M = p99 running of N",
+        )
+    )
     if n_mem == 0:
         raise PlanError("not even one sample fits cached: C is smaller than one sample's KV + state")
 
+    b_busy, how, step = _busy_batch(shape, hw, mu, opts)
     if opts.target_running is not None:
         b_busy, how = opts.target_running, "given (--target-running)"
-    else:
-        b_busy, how, _ = _busy_batch(shape, hw, mu, opts)
-    add(Row("B_busy (running batch for busy GPU)", how, b_busy, "seqs", f"{opts.busy_fraction:g} of asymptotic decode tokens/s"))
+    add(
+        Row(
+            "B_busy (running batch for busy GPU)",
+            how,
+            b_busy,
+            "seqs",
+            f"{opts.busy_fraction:g} of asymptotic decode tokens/s",
+        )
+    )
     n_busy = math.ceil(b_busy / (1 - f))
     add(Row("N_busy", "ceil(B_busy / (1 - f))", n_busy, "samples"))
+    tail = bs / 2
     candidates = {"memory": n_mem, "busy": n_busy}
+    n_cap = min(n_busy, wl.num_samples or n_busy)
+    if opts.allow_recompute and n_cap > n_mem and wl.output_tokens and wl.new_tokens is not None:
+        prefill_s = opts.cost.c_prefill if opts.cost else 2 * shape.active_params / hw.peak_flops
+        gp = _Goodput(step, prefill_s, wl.output_tokens, wl.new_tokens, f, float("inf"))
+        n_good, g_at, g_best = _goodput_pick(
+            n_mem,
+            n_cap,
+            gp,
+            lambda n: _recompute_at(n, dem, cache, f, tail, mu)["recompute_tokens_per_step"],
+            lambda n: not _recompute_at(n, dem, cache, f, tail, mu)["running_overflows"],
+            opts.goodput_tolerance,
+        )
+        add(
+            Row(
+                "N_goodput (recompute allowed)",
+                f"smallest N in [N_mem, N_busy] within {opts.goodput_tolerance:.0%} of max R/(t_decode(R) + "
+                "t_prefill x R x (new + recompute(N)) / out)",
+                n_good,
+                "samples",
+                f"{g_at:,.0f} vs N_mem {gp(n_mem, tail):,.0f} tokens/s predicted",
+            )
+        )
+        if n_good > n_mem:
+            candidates = {"goodput": n_good, "busy": n_busy}
     if wl.num_samples:
         candidates["batch"] = wl.num_samples
     binding = min(candidates, key=lambda k: candidates[k])
     n_ref = candidates[binding]
-    add(Row("reference concurrency N_ref", "min(N_mem, N_busy" + (", batch)" if wl.num_samples else ")"), n_ref,
-            "samples", f"bound by {binding}"))
+    add(
+        Row(
+            "reference concurrency N_ref",
+            "min(" + ", ".join({"memory": "N_mem", "goodput": "N_goodput", "busy": "N_busy", "batch": "batch"}[k]
+                               for k in candidates) + ")",
+            n_ref,
+            "samples",
+            f"bound by {binding}",
+        )
+    )
     m_ref = _running_max(n_ref, f)
     add(Row("max running M (max-num-seqs)", "p99 of Binomial(N_ref, 1 - f)", m_ref, "seqs"))
 
@@ -552,15 +720,34 @@ def plan(
     state_pool = state_copies * s_pad if shape.is_hybrid else 0
     kv_pool = int(cache - state_pool)
     if shape.is_hybrid:
-        add(Row("state copies at N_ref", f"N_ref + M x {opts.states_per_running - 1} (+1 shared prefix)", state_copies, "slots"))
+        add(
+            Row(
+                "state copies at N_ref",
+                f"N_ref + M x {opts.states_per_running - 1} (+1 shared prefix)",
+                state_copies,
+                "slots",
+            )
+        )
         add(Row("state pool", "copies x s_pad", state_pool, "B", f"{100 * state_pool / cache:.1f} % of C"))
     add(Row("KV pool", "C - state pool", kv_pool, "B", f"{kv_pool / kv:,.0f} tokens"))
 
-    tail = bs / 2
     at = _recompute_at(n_ref, dem, cache, f, tail, mu)
-    add(Row("evicted fraction at N_ref", "E[max(0, demand - C)] / bytes of waiting samples", at["evicted_fraction"], "ratio"))
-    add(Row("recompute per inference step", "evicted x (mu - P) + block/2 (aligned-prefix tail)",
-            at["recompute_tokens_per_step"], "tokens/step"))
+    add(
+        Row(
+            "evicted fraction at N_ref",
+            "E[max(0, demand - C)] / bytes of waiting samples",
+            at["evicted_fraction"],
+            "ratio",
+        )
+    )
+    add(
+        Row(
+            "recompute per inference step",
+            "evicted x (mu - P) + block/2 (aligned-prefix tail)",
+            at["recompute_tokens_per_step"],
+            "tokens/step",
+        )
+    )
     add(Row("recompute rate", "recompute / mu", 100 * at["recompute_ratio"], "%"))
 
     grid = sorted({max(1, round(n_ref * x)) for x in curve_points} | {n_mem, n_busy})
@@ -570,7 +757,9 @@ def plan(
     max_len = bs * math.ceil(max_len / bs)
     notes: list[str] = []
     if shape.max_context and max_len > shape.max_context:
-        notes.append(f"peak context {max_len} exceeds the model's max_position_embeddings {shape.max_context}")
+        notes.append(
+            f"peak context {max_len} exceeds the model's max_position_embeddings {shape.max_context}"
+        )
         max_len = shape.max_context
     mnbt = bs * math.ceil(max(opts.max_num_batched_tokens, bs) / bs)
     vllm: dict[str, Any] = {
@@ -592,7 +781,7 @@ def plan(
     sglang: dict[str, Any] = {"--mem-fraction-static": hw.gpu_util, "--max-running-requests": m_ref}
     if shape.is_hybrid:
         # SGLang keeps two pools and S+D state slots per running request: its own N differs from vLLM's.
-        sg = _Demand(kv, s, mu - prefix, sigma, prefix, True, 1 + S + D)
+        sg = _Demand(kv, s, mu - prefix, sigma, prefix, True, 1 + S + D, wl.prefix_groups)
 
         def fits_sg(n: int) -> bool:
             return sg.mean_bytes(n, _running_max(n, f)) + opts.safety_z * sg.sd_bytes(n) <= cache
@@ -603,15 +792,33 @@ def plan(
         sg_state = slots * s
         ratio = sg_state / (cache - sg_state) if cache > sg_state else float("inf")
         r_star = (S + D) * shape.token_equiv / mu
-        sglang.update({"--max-running-requests": m_sg, "--max-mamba-cache-size": slots,
-                       "--mamba-full-memory-ratio": round(ratio, 4)})
-        add(Row("SGLang concurrency", f"as N_mem with S+D = {S}+{D} state slots per running request", n_sg, "samples"))
+        sglang.update(
+            {
+                "--max-running-requests": m_sg,
+                "--max-mamba-cache-size": slots,
+                "--mamba-full-memory-ratio": round(ratio, 4),
+            }
+        )
+        add(
+            Row(
+                "SGLang concurrency",
+                f"as N_mem with S+D = {S}+{D} state slots per running request",
+                n_sg,
+                "samples",
+            )
+        )
         add(Row("SGLang state slots", "N + M x (S + D) (+1 prefix)", slots, "slots", f"M = {m_sg}"))
         add(Row("SGLang ratio (ours)", "slots x s / (C - slots x s)", ratio, "ratio"))
         add(Row("SGLang balance point r*", "(S + D) x token_equiv / mu", r_star, "ratio"))
         n_at_rstar = _fits_split(cache, r_star, s, kv, sg, f, S + D, opts.safety_z)
-        add(Row("samples cached at r*", "max N: N + M(S+D) slots and N(mu-P)+P tokens fit the r* pools", n_at_rstar,
-                "samples"))
+        add(
+            Row(
+                "samples cached at r*",
+                "max N: N + M(S+D) slots and N(mu-P)+P tokens fit the r* pools",
+                n_at_rstar,
+                "samples",
+            )
+        )
         per_slots = 1 + m_sg / max(1, n_sg) * (S + D)
         per_tokens = mu - prefix + prefix / max(1, n_sg)
         comparison += [
@@ -631,8 +838,10 @@ def plan(
     else:
         comparison.append("dense model: one KV pool, no state pool; SGLang's mamba settings do not apply.")
     if binding == "memory" and n_busy > n_mem:
-        notes.append(f"memory-bound: keeping the GPU busy needs {n_busy} samples but only {n_mem} fit cached; "
-                     "admitting more trades recompute for batch size (see the recompute curve)")
+        notes.append(
+            f"memory-bound: keeping the GPU busy needs {n_busy} samples but only {n_mem} fit cached; "
+            "admitting more trades recompute for batch size (see the recompute curve)"
+        )
     if binding == "busy":
         notes.append(f"compute-bound: {n_busy} samples keep the GPU busy; memory would hold {n_mem}")
 
@@ -661,8 +870,9 @@ def plan(
     )
 
 
-def _fits_split(cache: float, r: float, s: int, kv: int, dem: _Demand, f: float, slots_per_running: int,
-                z: float) -> int:
+def _fits_split(
+    cache: float, r: float, s: int, kv: int, dem: _Demand, f: float, slots_per_running: int, z: float
+) -> int:
     """Samples SGLang's two pools, split at ratio r, hold cached (no eviction)."""
     state_slots = cache * r / (1 + r) / s
     kv_tokens = cache / (1 + r) / kv
@@ -680,42 +890,71 @@ def reference_concurrency(
     kv_capacity_tokens: int,
     block_size: int,
     workload: Workload,
-    state_slots: int | None = None,
-    states_per_running: int = 1,
+    checkpoint_slots: int | None = None,
+    max_running: int | None = None,
     target_running: int | None = None,
     cost: LinearCost | None = None,
     busy_fraction: float = 0.9,
     safety_z: float = 1.645,
+    allow_recompute: bool = True,
+    goodput_tolerance: float = 0.02,
 ) -> tuple[int, dict[str, float]]:
     """N_ref for an engine described by its pool capacities (e.g. a simulated EngineProfile).
 
-    Two pools, as the simulated engine and SGLang keep them: `kv_capacity_tokens` of paged KV and
-    `state_slots` recurrent-state slots (None = dense). A cached sample holds
-    (context - prefix + block/2) KV tokens and one state slot; a running one `states_per_running`.
-    B_busy comes from `cost` (or `target_running`). Returns (N_ref, the bounds).
+    Two pools, as the simulated engine and SGLang keep them: `kv_capacity_tokens` of paged KV and,
+    for hybrid models, `checkpoint_slots` saved recurrent states (None = dense). A cached sample
+    holds (context - prefix + block/2) KV tokens and one checkpoint; `max_running` caps the running
+    batch (max-num-seqs, or the state slots). B_busy comes from `cost` (or `target_running`); with
+    `allow_recompute` and the workload's output/new tokens per step, N may pass N_mem where the
+    predicted goodput says so (see `_goodput_pick`). Returns (N_ref, the bounds).
     """
-    f = workload.env_fraction
-    mu, sigma, prefix = workload.mean_context, workload.std_context, workload.shared_prefix
+    wl = workload
+    f = wl.env_fraction
+    mu, sigma, prefix, groups = wl.mean_context, wl.std_context, wl.shared_prefix, wl.prefix_groups
     per = mu - prefix + block_size / 2
+    cap_run = float(max_running) if max_running else float("inf")
+
+    def kv_tokens(n: int) -> float:
+        return n * per + groups * prefix
 
     def fits(n: int) -> bool:
-        tokens = n * per + prefix + safety_z * math.sqrt(n) * sigma
-        if tokens > kv_capacity_tokens:
+        if kv_tokens(n) + safety_z * math.sqrt(n) * sigma > kv_capacity_tokens:
             return False
-        if state_slots is None:
-            return True
-        m = _running_max(n, f)
-        return n + m * (states_per_running - 1) + (1 if prefix else 0) <= state_slots
+        return checkpoint_slots is None or n + (groups if prefix else 0) <= checkpoint_slots
+
+    def evicted(n: int) -> float:
+        over = _overflow(kv_tokens(n), math.sqrt(n) * sigma, kv_capacity_tokens)
+        waiting = f * n * per
+        e = min(1.0, over / waiting) if waiting > 0 else float(over > 0)
+        if checkpoint_slots is not None:
+            excess = max(0.0, n + (groups if prefix else 0) - checkpoint_slots)
+            e = max(e, min(1.0, excess / (f * n)) if f > 0 else float(excess > 0))
+        return e
+
+    def running_ok(n: int) -> bool:
+        return min((1 - f) * n, cap_run) * per + groups * prefix <= kv_capacity_tokens
 
     n_mem = _largest(fits)
+    if cost is None and target_running is None:
+        raise PlanError("reference_concurrency needs a cost model or target_running for B_busy")
     if target_running is not None:
         b_busy = target_running
-    elif cost is not None:
+    else:
+        assert cost is not None
         asym = 1.0 / (cost.c_decode + cost.c_attn * mu)
         b_busy = _largest(lambda n: n / cost.decode_step(n, mu) < busy_fraction * asym, hi=1 << 20) + 1
-    else:
-        raise PlanError("reference_concurrency needs a cost model or target_running for B_busy")
+    b_busy = int(min(b_busy, cap_run))
     n_busy = math.ceil(b_busy / (1 - f))
-    bounds = {"n_mem": n_mem, "n_busy": n_busy, "b_busy": b_busy}
-    n_ref = min(n_mem, n_busy, workload.num_samples or n_busy)
+    n_cap = min(n_busy, wl.num_samples or n_busy)
+    bounds: dict[str, float] = {"n_mem": n_mem, "n_busy": n_busy, "b_busy": b_busy}
+    n_ref = min(n_mem, n_cap)
+    if allow_recompute and cost is not None and n_cap > n_mem and wl.output_tokens and wl.new_tokens is not None:
+        c = cost
+        gp = _Goodput(lambda r: c.decode_step(r, mu), c.c_prefill, wl.output_tokens, wl.new_tokens, f, cap_run)
+        tail = block_size / 2
+        n_good, g_at, g_best = _goodput_pick(
+            n_mem, n_cap, gp, lambda n: evicted(n) * (mu - prefix) + tail, running_ok, goodput_tolerance
+        )
+        bounds.update(n_goodput=n_good, goodput_tok_s=g_at, goodput_best_tok_s=g_best, goodput_at_n_mem=gp(n_mem, tail))
+        n_ref = max(n_ref, n_good)
     return max(1, n_ref), bounds

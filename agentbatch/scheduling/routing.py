@@ -14,19 +14,16 @@ from agentbatch.scheduling.policies import Router
 from agentbatch.scheduling.types import StepTicket, WorkerLoad
 
 
-def _relative_load(w: WorkerLoad) -> float:
-    # Normalise by capacity so a bigger worker takes proportionally more.
-    return w.load / max(1, w.capacity)
-
-
 def least_loaded(workers: Sequence[WorkerLoad]) -> WorkerLoad:
-    """The worker with the smallest load/capacity; ties by KV usage (when known), then list order."""
+    """The worker with the smallest load/capacity (a bigger worker takes proportionally more); ties
+    by KV usage where known, then list order. Inlined: it runs once per inference call."""
     best = workers[0]
-    best_key = (_relative_load(best), best.kv_usage or 0.0)
+    best_load = (best.in_flight + best.queued) / (best.capacity or 1)
+    best_kv = best.kv_usage or 0.0
     for w in workers[1:]:
-        key = (_relative_load(w), w.kv_usage or 0.0)
-        if key < best_key:
-            best, best_key = w, key
+        load = (w.in_flight + w.queued) / (w.capacity or 1)
+        if load < best_load or (load == best_load and (w.kv_usage or 0.0) < best_kv):
+            best, best_load, best_kv = w, load, w.kv_usage or 0.0
     return best
 
 

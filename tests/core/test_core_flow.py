@@ -9,6 +9,8 @@ from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, run_flow
 from agentbatch.flows.config import BatchConfig
 
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
 LIMITS = {"max_active_samples": 5, "env_slots": 2, "per_worker_inflight": 2}
 
 

@@ -107,3 +107,15 @@ def test_tail_ten_samples(store):
 def test_unknown_batch(store):
     with pytest.raises(UnknownBatch):
         load_batch(store, 12345)
+
+
+def test_binned_average_matches_time_average():
+    import numpy as np
+
+    from agentbatch.dashboards.timeline import binned_average, occupancy, time_average
+
+    c = occupancy(np.array([0.0, 1.0, 2.0]), np.array([4.0, 3.0, 2.5]))  # levels 1,2,3,2,1,0 at 0,1,2,2.5,3,4
+    b = binned_average(c, 0.0, 4.0, bins=4)
+    assert list(b["t"]) == [0.0, 1.0, 2.0, 3.0]
+    assert list(b["level"]) == pytest.approx([1.0, 2.0, 2.5, 1.0])
+    assert b["level"].mean() == pytest.approx(time_average(c, 0.0, 4.0))

@@ -101,3 +101,22 @@ def test_endpoints_file_round_trip(tmp_path, suffix):
     if suffix == ".json":  # the endpoints list is plain: exactly the engine's `endpoints` param
         assert json.loads(path.read_text())[0] == {"name": "w0", "base_url": "http://127.0.0.1:8000/v1", "model": "tiny"}
     assert procs_path(path).name == f"endpoints{suffix}.procs.json"
+
+
+def test_settings_come_from_the_resource_model_plan_unless_set(tmp_path):
+    plan = {"reference_concurrency": 40, "vllm_args": {
+        "--gpu-memory-utilization": 0.9, "--max-num-seqs": 24, "--block-size": 544, "--enable-prefix-caching": True,
+        "--max-num-batched-tokens": 8192, "--max-model-len": 32768, "--scheduling-policy": "priority",
+        "--mamba-cache-mode": "align", "--mamba-ssm-cache-dtype": "float32"}}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    cfg = WorkersConfig.model_validate({"model": "m", "device": "gpu", "plan": str(path),
+                                        "settings": {"max_model_len": 4096, "extra_args": ["--seed", "7"]}})
+    (p,) = plan_launch(cfg)
+    assert _flag(p.argv, "--max-num-seqs") == "24" and _flag(p.argv, "--block-size") == "544"
+    assert _flag(p.argv, "--gpu-memory-utilization") == "0.9"
+    assert _flag(p.argv, "--mamba-cache-mode") == "align"
+    assert _flag(p.argv, "--max-model-len") == "4096"  # set in the config: the config wins
+    assert p.argv[-4:] == ["--mamba-ssm-cache-dtype", "float32", "--seed", "7"]
+    with pytest.raises(WorkersError, match="vllm_args"):
+        plan_launch(WorkersConfig.model_validate({"model": "m", "plan": {"n": 1}}))

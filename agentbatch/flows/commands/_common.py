@@ -18,6 +18,8 @@ def quiet_prefect_defaults() -> None:
     # The temporary server that Prefect starts when no PREFECT_API_URL is set logs harmless
     # errors while it shuts down with the process; keep those out of the user's terminal.
     os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    # ...and give it time to start on a busy machine (Prefect's default is 20 s).
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:

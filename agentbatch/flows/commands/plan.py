@@ -39,9 +39,13 @@ def _read_json(path: Any, label: str) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise InputError(
+            f"{label}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     if not isinstance(data, dict):
-        raise InputError(f"{label}: expected a JSON object (a Hugging Face config.json), got {type(data).__name__}")
+        raise InputError(
+            f"{label}: expected a JSON object (a Hugging Face config.json), got {type(data).__name__}"
+        )
     return {k: v for k, v in data.items() if not k.startswith("_")}  # '_' keys are agentbatch notes
 
 
@@ -52,14 +56,24 @@ def load_model(spec: str, args: argparse.Namespace) -> ModelShape:
         path = path / "config.json"
     available = presets()
     if path.exists():
-        cfg, label, name = _read_json(path, str(path)), str(path), path.parent.name if path.name == "config.json" else path.stem
+        cfg, label, name = (
+            _read_json(path, str(path)),
+            str(path),
+            path.parent.name if path.name == "config.json" else path.stem,
+        )
     elif spec in available:
         cfg, label, name = _read_json(available[spec], f"preset {spec}"), f"preset {spec}", spec
     else:
-        raise InputError(f"--model {spec}: no such file, and not a preset (presets: {', '.join(sorted(available))})")
+        raise InputError(
+            f"--model {spec}: no such file, and not a preset (presets: {', '.join(sorted(available))})"
+        )
     weights = int(args.weights_gib * GIB) if args.weights_gib is not None else None
     return shape_from_config(
-        cfg, source=label, name=name, kv_cache_dtype=args.kv_cache_dtype, state_dtype=args.state_dtype,
+        cfg,
+        source=label,
+        name=name,
+        kv_cache_dtype=args.kv_cache_dtype,
+        state_dtype=args.state_dtype,
         weights_bytes=weights,
     )
 
@@ -75,18 +89,33 @@ def workload_from_trace(trace: Any, *, decode_tokens_per_s: float, source: str) 
     """
     contexts: list[float] = []
     weights: list[float] = []
+    outs: list[int] = []
+    news: list[int] = []
     env_total = inf_total = 0.0
     prefixes: list[int] = []
+    groups: set[str] = set()
     peak = 0
     for sample in trace.samples:
         prefixes.append(int(sample.shared_prefix_tokens or 0))
+        groups.add(sample.prefix_group)
         steps = sample.steps
+        held = int(sample.shared_prefix_tokens or 0)  # context already cached before this step's prompt
         for i, step in enumerate(steps):
             if step.kind == "inference":
                 out = int(step.output_tokens or 0)
-                ctx = int(step.prompt_tokens or 0) + out
-                inf_s = step.duration_s if step.duration_s and step.duration_s > 0 else out / decode_tokens_per_s
-                env_s = steps[i + 1].duration_s if i + 1 < len(steps) and steps[i + 1].kind == "environment" else 0.0
+                prompt = int(step.prompt_tokens or 0)
+                ctx = prompt + out
+                outs.append(out)
+                news.append(max(0, prompt - held))
+                held = ctx
+                inf_s = (
+                    step.duration_s if step.duration_s and step.duration_s > 0 else out / decode_tokens_per_s
+                )
+                env_s = (
+                    steps[i + 1].duration_s
+                    if i + 1 < len(steps) and steps[i + 1].kind == "environment"
+                    else 0.0
+                )
                 inf_total += inf_s
                 env_total += env_s
                 if ctx > 0:
@@ -104,21 +133,27 @@ def workload_from_trace(trace: Any, *, decode_tokens_per_s: float, source: str) 
         peak_context=peak,
         num_samples=len(trace.samples),
         source=f"trace {source}",
+        output_tokens=sum(outs) / len(outs),
+        new_tokens=sum(news) / len(news),
+        prefix_groups=max(1, len(groups)),
     )
 
 
-def workload_from_csv(path: Path) -> Workload:
+def workload_from_csv(path: Path, env_fraction: float | None = None) -> Workload:
     """CSV with a header: `context_tokens` (required), optional `weight`, `env_fraction`,
     `shared_prefix`, `peak_context`, `sample_id`. One row per draw of a sample's context (e.g. one row
     per sample with its time-averaged context, or one per step); env fraction is the weighted mean of
-    the column, shared prefix its median, peak the max of peak_context (or of context_tokens)."""
+    the column (or `env_fraction` when given), shared prefix its median, peak the max of peak_context
+    (or of context_tokens)."""
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             rows = list(csv.DictReader(fh))
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not rows or "context_tokens" not in rows[0]:
-        raise InputError(f"{path}: field 'context_tokens': missing; expected a CSV header with a context_tokens column")
+        raise InputError(
+            f"{path}: field 'context_tokens': missing; expected a CSV header with a context_tokens column"
+        )
 
     def num(row: dict[str, str], i: int, name: str, default: float | None = None) -> float:
         raw = (row.get(name) or "").strip()
@@ -133,7 +168,9 @@ def workload_from_csv(path: Path) -> Workload:
 
     ctx = [num(r, i, "context_tokens") for i, r in enumerate(rows)]
     w = [num(r, i, "weight", 1.0) for i, r in enumerate(rows)]
-    has_env = "env_fraction" in rows[0]
+    has_env = "env_fraction" in rows[0] and env_fraction is None
+    if not has_env and env_fraction is None:
+        raise InputError(f"{path}: field 'env_fraction': missing; add the column or pass --env-fraction")
     env = [num(r, i, "env_fraction") for i, r in enumerate(rows)] if has_env else []
     prefix = sorted(num(r, i, "shared_prefix", 0.0) for i, r in enumerate(rows))
     peaks = [num(r, i, "peak_context", c) for i, (r, c) in enumerate(zip(rows, ctx, strict=True))]
@@ -145,12 +182,13 @@ def workload_from_csv(path: Path) -> Workload:
     return Workload(
         contexts=tuple(ctx),
         weights=tuple(w),
-        env_fraction=sum(e * x for e, x in zip(env, w, strict=True)) / sum(w) if env else -1.0,
+        env_fraction=sum(e * x for e, x in zip(env, w, strict=True)) / sum(w)
+        if has_env
+        else float(env_fraction),
         shared_prefix=int(prefix[len(prefix) // 2]),
         peak_context=int(max(peaks)),
         num_samples=len(ids) if ids else None,
         source=f"csv {path.name}",
-        _validate=False,
     )
 
 
@@ -160,36 +198,50 @@ def load_workload(args: argparse.Namespace) -> Workload:
         if not path.exists():
             raise InputError(f"--trace {path}: no such file")
         if path.suffix.lower() == ".csv":
-            wl = workload_from_csv(path)
+            wl = workload_from_csv(path, args.env_fraction)
         else:
             try:
                 from agentbatch.tasks.traces.parquet import read_trace
             except ImportError as exc:  # pragma: no cover - the traces package ships with agentbatch
-                raise InputError(f"--trace {path}: Parquet traces need agentbatch.tasks.traces ({exc})") from None
+                raise InputError(
+                    f"--trace {path}: Parquet traces need agentbatch.tasks.traces ({exc})"
+                ) from None
             try:
                 trace = read_trace(path)
             except Exception as exc:  # noqa: BLE001 - any reader failure is bad input here
-                raise InputError(f"{path}: not a readable agentbatch trace (Parquet, docs/traces.md): {exc}") from None
+                raise InputError(
+                    f"{path}: not a readable agentbatch trace (Parquet, docs/traces.md): {exc}"
+                ) from None
             wl = workload_from_trace(trace, decode_tokens_per_s=args.decode_tokens_per_s, source=str(path))
         overrides: dict[str, Any] = {}
         if args.env_fraction is not None:
             overrides["env_fraction"] = args.env_fraction
-        elif wl.env_fraction < 0:
-            raise InputError(f"{path}: field 'env_fraction': missing; add the column or pass --env-fraction")
         if args.shared_prefix is not None:
             overrides["shared_prefix"] = args.shared_prefix
         if args.peak_context is not None:
             overrides["peak_context"] = args.peak_context
-        if args.num_samples is not None:
-            overrides["num_samples"] = args.num_samples
-        return wl.replace(**overrides)
+        for name in ("num_samples", "output_tokens", "new_tokens", "prefix_groups"):
+            if getattr(args, name) is not None:
+                overrides[name] = getattr(args, name)
+        try:
+            return wl.replace(**overrides)
+        except PlanError as exc:
+            raise InputError(f"{path}: {exc}") from None
     if args.mean_context is None or args.env_fraction is None:
-        raise InputError("workload: give --trace FILE, or --mean-context N and --env-fraction F "
-                         "(optionally --p95-context N --shared-prefix N)")
+        raise InputError(
+            "workload: give --trace FILE, or --mean-context N and --env-fraction F "
+            "(optionally --p95-context N --shared-prefix N)"
+        )
     return Workload.from_stats(
-        args.mean_context, args.p95_context, env_fraction=args.env_fraction, shared_prefix=args.shared_prefix or 0,
-        peak_context=args.peak_context, num_samples=args.num_samples,
-    )
+        args.mean_context,
+        args.p95_context,
+        env_fraction=args.env_fraction,
+        shared_prefix=args.shared_prefix or 0,
+        peak_context=args.peak_context,
+        num_samples=args.num_samples,
+        output_tokens=args.output_tokens,
+        new_tokens=args.new_tokens,
+    ).replace(prefix_groups=args.prefix_groups or 1)
 
 
 def render(p: Plan, shape: ModelShape, hw: Hardware, wl: Workload) -> str:
@@ -230,13 +282,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         shape = load_model(args.model, args)
         hw = Hardware(
-            gpu_mem_bytes=int(args.gpu_mem_gib * GIB), gpu_util=args.gpu_util, reserve_bytes=int(args.reserve_gib * GIB),
-            peak_flops=args.peak_tflops * 1e12, mem_bw=args.mem_bw_tbps * 1e12,
+            gpu_mem_bytes=int(args.gpu_mem_gib * GIB),
+            gpu_util=args.gpu_util,
+            reserve_bytes=int(args.reserve_gib * GIB),
+            peak_flops=args.peak_tflops * 1e12,
+            mem_bw=args.mem_bw_tbps * 1e12,
         )
         wl = load_workload(args)
         opts = EngineOptions(
-            block_size=args.block_size, target_running=args.target_running, busy_fraction=args.busy_fraction,
-            sglang_slots_per_running=args.sglang_slots_per_running, sglang_draft_tokens=args.sglang_draft_tokens,
+            block_size=args.block_size,
+            target_running=args.target_running,
+            busy_fraction=args.busy_fraction,
+            sglang_slots_per_running=args.sglang_slots_per_running,
+            sglang_draft_tokens=args.sglang_draft_tokens,
             max_num_batched_tokens=args.max_num_batched_tokens,
         )
         result = plan(shape, hw, wl, opts)
@@ -246,12 +304,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = result.to_dict() | {
             "model_shape": {
-                "name": shape.name, "family": shape.family, "layers": shape.num_layers,
-                "attention_layers": shape.attention_layers, "state_layers": shape.state_layer_count,
-                "kv_bytes_per_token": shape.kv_bytes_per_token, "state_bytes_per_seq": shape.state_bytes_per_seq,
-                "weights_bytes": shape.weights_bytes, "fields_read": list(shape.fields_read),
+                "name": shape.name,
+                "family": shape.family,
+                "layers": shape.num_layers,
+                "attention_layers": shape.attention_layers,
+                "state_layers": shape.state_layer_count,
+                "kv_bytes_per_token": shape.kv_bytes_per_token,
+                "state_bytes_per_seq": shape.state_bytes_per_seq,
+                "weights_bytes": shape.weights_bytes,
+                "fields_read": list(shape.fields_read),
             },
-            "vllm_command": result.vllm_command(), "sglang_command": result.sglang_command(),
+            "vllm_command": result.vllm_command(),
+            "sglang_command": result.sglang_command(),
         }
         print(json.dumps(doc, indent=2, default=float))
     else:
@@ -267,31 +331,76 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the reference sample concurrency, the expected recompute, and vLLM / SGLang launch settings, "
         "with a table of the reasoning. See docs/plan.md.",
     )
-    p.add_argument("--model", required=True, help=f"config.json path, a model directory, or a preset ({', '.join(sorted(presets()))})")
-    p.add_argument("--gpu-mem-gib", type=float, required=True, help="GPU memory in GiB (e.g. 141 for an H200)")
-    p.add_argument("--gpu-util", type=float, default=0.9, help="share of GPU memory the engine may use (default 0.9)")
-    p.add_argument("--weights-gib", type=float, help="weights size in GiB (default: estimated from the config)")
-    p.add_argument("--reserve-gib", type=float, default=3.0, help="activations / CUDA graphs / overhead reserve (default 3)")
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="dense BF16 TFLOP/s for the roofline (default 989, H100/H200)")
-    p.add_argument("--mem-bw-tbps", type=float, default=4.8, help="HBM bandwidth TB/s (default 4.8, H200; H100 3.35)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help=f"config.json path, a model directory, or a preset ({', '.join(sorted(presets()))})",
+    )
+    p.add_argument(
+        "--gpu-mem-gib", type=float, required=True, help="GPU memory in GiB (e.g. 141 for an H200)"
+    )
+    p.add_argument(
+        "--gpu-util", type=float, default=0.9, help="share of GPU memory the engine may use (default 0.9)"
+    )
+    p.add_argument(
+        "--weights-gib", type=float, help="weights size in GiB (default: estimated from the config)"
+    )
+    p.add_argument(
+        "--reserve-gib",
+        type=float,
+        default=3.0,
+        help="activations / CUDA graphs / overhead reserve (default 3)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=989.0,
+        help="dense BF16 TFLOP/s for the roofline (default 989, H100/H200)",
+    )
+    p.add_argument(
+        "--mem-bw-tbps", type=float, default=4.8, help="HBM bandwidth TB/s (default 4.8, H200; H100 3.35)"
+    )
     p.add_argument("--kv-cache-dtype", help="KV cache dtype (default: the model dtype), e.g. fp8")
-    p.add_argument("--state-dtype", help="recurrent-state dtype (default: model dtype; float32 for lightning attention)")
+    p.add_argument(
+        "--state-dtype", help="recurrent-state dtype (default: model dtype; float32 for lightning attention)"
+    )
     w = p.add_argument_group("workload (a trace, or the statistics)")
-    w.add_argument("--trace", help="a trace: Parquet (docs/traces.md) or CSV with a context_tokens column (docs/plan.md)")
+    w.add_argument(
+        "--trace", help="a trace: Parquet (docs/traces.md) or CSV with a context_tokens column (docs/plan.md)"
+    )
     w.add_argument("--mean-context", type=float, help="mean context tokens of a sample at a random moment")
     w.add_argument("--p95-context", type=float, help="95th percentile of that context (lognormal fit)")
-    w.add_argument("--env-fraction", type=float, help="share of a sample's time spent waiting on the environment")
-    w.add_argument("--shared-prefix", type=int, help="prompt tokens shared by all samples (system prompt, tools)")
+    w.add_argument(
+        "--env-fraction", type=float, help="share of a sample's time spent waiting on the environment"
+    )
+    w.add_argument(
+        "--shared-prefix", type=int, help="prompt tokens shared by all samples (system prompt, tools)"
+    )
     w.add_argument("--peak-context", type=int, help="longest context a sample reaches (sets --max-model-len)")
     w.add_argument("--num-samples", type=int, help="batch size (an upper bound on concurrency)")
-    w.add_argument("--decode-tokens-per-s", type=float, default=40.0,
-                   help="per-sequence decode rate to estimate inference time of traces without it (default 40)")
+    w.add_argument("--output-tokens", type=float, help="mean output tokens per inference step (enables the goodput pick)")
+    w.add_argument("--new-tokens", type=float, help="mean new prompt tokens per step (observations; goodput pick)")
+    w.add_argument("--prefix-groups", type=int, help="distinct shared prefixes (each stored once; default 1)")
+    w.add_argument(
+        "--decode-tokens-per-s",
+        type=float,
+        default=40.0,
+        help="per-sequence decode rate to estimate inference time of traces without it (default 40)",
+    )
     e = p.add_argument_group("engine")
-    e.add_argument("--block-size", type=int, help="force a block size (hybrid: raised to the state page if too small)")
-    e.add_argument("--target-running", type=int, help="running batch that keeps the GPU busy (default: roofline)")
-    e.add_argument("--busy-fraction", type=float, default=0.9, help="share of asymptotic decode throughput = busy")
+    e.add_argument(
+        "--block-size", type=int, help="force a block size (hybrid: raised to the state page if too small)"
+    )
+    e.add_argument(
+        "--target-running", type=int, help="running batch that keeps the GPU busy (default: roofline)"
+    )
+    e.add_argument(
+        "--busy-fraction", type=float, default=0.9, help="share of asymptotic decode throughput = busy"
+    )
     e.add_argument("--max-num-batched-tokens", type=int, default=8192, help="prefill token budget per step")
-    e.add_argument("--sglang-slots-per-running", type=int, default=5, help="SGLang S (extra_buffer 5, no_buffer 3)")
+    e.add_argument(
+        "--sglang-slots-per-running", type=int, default=5, help="SGLang S (extra_buffer 5, no_buffer 3)"
+    )
     e.add_argument("--sglang-draft-tokens", type=int, default=0, help="SGLang D (speculative draft tokens)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)

@@ -57,7 +57,7 @@ class ScriptedEngine:
             return {"role": "assistant", "content": END_OF_TURN_TEXT}
         calls = [
             {
-                "id": f"call_{request.sample_id}_{request.step_index}_{i}",
+                "id": f"call_{request.step_index}_{i}",  # unique within the conversation
                 "type": "function",
                 "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
             }

@@ -56,6 +56,9 @@ class WorkerSettings(_Strict):
     seed: int | None = Field(0, description="--seed")
     tool_call_parser: str | None = Field(
         "hermes", description="--enable-auto-tool-choice --tool-call-parser NAME (None: no tool parsing)")
+    prompt_tokens_details: bool = Field(
+        True, description="--enable-prompt-tokens-details: each response reports its cached prompt tokens")
+    access_log: bool = Field(False, description="uvicorn access log (one line per request) in the worker log")
     extra_args: list[str] = Field(default_factory=list, description="more server arguments, verbatim")
     env: dict[str, str] = Field(default_factory=dict, description="more environment variables")
 
@@ -95,9 +98,9 @@ class WorkersConfig(_Strict):
     endpoints_file: str = Field(".agentbatch/workers/endpoints.json", description="where `up` writes the endpoints")
     settings: WorkerSettings = Field(default_factory=WorkerSettings)
     workers: list[WorkerSpec] = Field(default_factory=list)
-    plan: dict[str, Any] | None = Field(
-        None, description="inputs of the resource model (agentbatch plan); its launch settings fill the "
-        "fields left unset in `settings`")
+    plan: str | dict[str, Any] | None = Field(
+        None, description="the resource model's plan (`agentbatch plan --json` output, a path or inline): "
+        "its vLLM launch settings fill the fields not set explicitly in `settings`")
 
 
 class WorkersError(Exception):
@@ -160,23 +163,42 @@ def _has_gpu() -> bool:
     return bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or Path("/dev/nvidia0").exists()
 
 
-def settings_from_plan(plan: dict[str, Any]) -> dict[str, Any]:
-    """Launch settings from the resource model (agentbatch.scheduling.resource_model), if present.
+# `agentbatch plan --json` gives vLLM flags (`vllm_args`); these map onto WorkerSettings fields.
+_PLAN_FLAGS = {
+    "--gpu-memory-utilization": "gpu_memory_utilization", "--max-num-seqs": "max_num_seqs",
+    "--block-size": "block_size", "--enable-prefix-caching": "enable_prefix_caching",
+    "--max-num-batched-tokens": "max_num_batched_tokens", "--max-model-len": "max_model_len",
+    "--scheduling-policy": "scheduling_policy", "--mamba-cache-mode": "mamba_cache_mode",
+    "--mamba-block-size": "mamba_block_size",
+}
 
-    The plan module is optional: without it (or when it gives no launch settings) nothing is set.
-    Accepted: a mapping with the model's inputs; the module's `launch_settings(**plan)` must return
-    a mapping whose keys are WorkerSettings fields (unknown keys are dropped).
-    """
-    try:
-        from agentbatch.scheduling import resource_model  # type: ignore[attr-defined]
-    except ImportError:
-        return {}
-    fn = getattr(resource_model, "launch_settings", None)
-    if fn is None:
-        return {}
-    out = fn(**plan)
-    out = out if isinstance(out, dict) else asdict(out)
-    return {k: v for k, v in out.items() if k in WorkerSettings.model_fields and v is not None}
+
+def load_plan(plan: str | dict[str, Any]) -> dict[str, Any]:
+    """A resource-model plan: the JSON `agentbatch plan --json` prints (a path) or that mapping."""
+    if isinstance(plan, str):
+        try:
+            plan = json.loads(Path(plan).read_text())
+        except (OSError, ValueError) as exc:
+            raise WorkersError(f"plan {plan}: cannot read the plan JSON: {exc}") from exc
+    if not isinstance(plan, dict) or not isinstance(plan.get("vllm_args"), dict):
+        raise WorkersError("plan: expected the JSON of `agentbatch plan --json` (with `vllm_args`)")
+    return plan
+
+
+def settings_from_plan(plan: str | dict[str, Any]) -> dict[str, Any]:
+    """WorkerSettings fields from the resource model's vLLM flags; other flags go to extra_args."""
+    out: dict[str, Any] = {}
+    extra: list[str] = []
+    for flag, value in load_plan(plan)["vllm_args"].items():
+        if flag in _PLAN_FLAGS:
+            out[_PLAN_FLAGS[flag]] = value
+        elif value is True:
+            extra.append(flag)
+        elif value not in (False, None):
+            extra += [flag, str(value)]
+    if extra:
+        out["extra_args"] = extra
+    return out
 
 
 def _cpu_sets(count: int) -> list[str | None]:
@@ -203,7 +225,10 @@ def plan_launch(cfg: WorkersConfig) -> list[LaunchPlan]:
     if cfg.plan:
         planned = settings_from_plan(cfg.plan)
         explicit = cfg.settings.model_fields_set
-        base = base.merged({k: v for k, v in planned.items() if k not in explicit})
+        planned = {k: v for k, v in planned.items() if k not in explicit or k == "extra_args"}
+        if "extra_args" in planned:  # keep the config's own extra args after the plan's
+            planned["extra_args"] = planned["extra_args"] + cfg.settings.extra_args
+        base = base.merged(planned)
     cpu_sets = _cpu_sets(cfg.count)
     plans: list[LaunchPlan] = []
     for i in range(cfg.count):
@@ -239,6 +264,10 @@ def plan_launch(cfg: WorkersConfig) -> list[LaunchPlan]:
                             ("--mamba-block-size", s.mamba_block_size), ("--dtype", s.dtype), ("--seed", s.seed)):
             if value is not None:
                 argv += [flag, str(value)]
+        if s.prompt_tokens_details:
+            argv.append("--enable-prompt-tokens-details")
+        if not s.access_log:
+            argv.append("--disable-uvicorn-access-log")
         if s.tool_call_parser:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
         argv += s.extra_args

@@ -94,6 +94,7 @@ class DockerEnvironment:
         self.history: list[Message] = []  # assistant messages whose steps completed
         self.replacements = 0
         self.commands_run = 0
+        self._dirty = False  # a turn half-ran (cancelled): rebuild before the next action
 
     # --- hooks ---------------------------------------------------------------------------
 
@@ -123,11 +124,13 @@ class DockerEnvironment:
             self.history.append(assistant)
             return EnvResult(messages=[], done=True)
         await self._ensure_sandbox()
+        self._dirty = True  # until the turn completes: a cancelled step (the flow's timeout) leaves it dirty
         try:
             if self.step_timeout_s is not None:
                 result = await asyncio.wait_for(self._run_calls(calls), self.step_timeout_s)
             else:
                 result = await self._run_calls(calls)
+            self._dirty = False
         except (EnvironmentFailure, TimeoutError) as exc:
             reason = (
                 f"environment step passed {self.step_timeout_s:g} s" if isinstance(exc, TimeoutError) else str(exc)
@@ -212,6 +215,7 @@ class DockerEnvironment:
         try:
             await self._fresh_sandbox()
             await self._replay(self.history)
+            self._dirty = False
         except BaseException:
             if self.sandbox is not None and not self.sandbox.removed:
                 await self.pool.remove(self.sandbox)
@@ -221,3 +225,5 @@ class DockerEnvironment:
     async def _ensure_sandbox(self) -> None:
         if self.sandbox is None:  # an earlier rebuild failed: try again from the history
             await self._rebuild("", count=False)
+        elif self._dirty:  # the previous step was cancelled half-way
+            await self._rebuild("previous step was cancelled mid-way")

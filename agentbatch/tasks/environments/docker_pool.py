@@ -357,7 +357,10 @@ class DockerPool:
                 raise EnvironmentFailure(f"sandbox {sandbox.name}: exec failed: {exc}") from exc
             duration = time.monotonic() - started
         if exit_code is None or exit_code in (137, 143, -1):  # killed: by `timeout -k`, or with the container
-            await self._check_alive(sandbox, f"running {command!r}")
+            # The engine may report the exec's end a moment before the container's: look a few times.
+            for _ in range(5):
+                await self._check_alive(sandbox, f"running {command!r}")
+                await asyncio.sleep(0.2)
         limit = self.settings.max_output_bytes
         truncated = len(out) > limit or len(err) > limit
         return ExecResult(
@@ -495,19 +498,31 @@ def _tar_of(files: Mapping[str, str | bytes], uid: int, gid: int) -> bytes:
     return buf.getvalue()
 
 
-def list_labelled(client: docker.DockerClient, batch_label: str | None = None) -> list[Any]:
-    """Containers (running or not) made by agentbatch, of one batch or of all."""
+def _label_filter(batch_label: str | None) -> dict[str, list[str]]:
     labels = [f"{OWNER_LABEL}=agentbatch"]
     if batch_label is not None:
         labels.append(f"{BATCH_LABEL}={batch_label}")
-    return client.containers.list(all=True, filters={"label": labels})
+    return {"label": labels}
+
+
+def list_labelled(client: docker.DockerClient, batch_label: str | None = None) -> list[dict[str, Any]]:
+    """Containers (running or not) made by agentbatch, of one batch or of all, as the engine lists
+    them (`Id`, `Names`, `Labels`, `State` ...). Uses the plain list call: no per-container inspect
+    that could race with a removal."""
+    return client.api.containers(all=True, filters=_label_filter(batch_label))
 
 
 def remove_labelled(client: docker.DockerClient, batch_label: str | None = None) -> int:
     n = 0
-    for container in list_labelled(client, batch_label):
-        _force_remove(container)
-        n += 1
+    for info in list_labelled(client, batch_label):
+        try:
+            client.api.remove_container(info["Id"], force=True, v=True)
+            n += 1
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if "already in progress" not in str(exc):
+                raise
     return n
 
 

@@ -84,11 +84,15 @@ class McpEnvironment:
         self.turn = 0  # index of the current user turn
         self.history: list[Message] = []  # assistant messages whose steps completed
         self.call_log: list[dict[str, Any]] = []  # (name, start, end, error) of each call, for reports
+        self._dirty = False
 
     def _turns(self) -> list[Message]:
         return [m if isinstance(m, dict) else {"role": "user", "content": str(m)} for m in self.task.data["turns"]]
 
     async def _ensure_toolset(self) -> Toolset:
+        if self._dirty and self.workload.per_sample:
+            await self._drop_toolset()
+        self._dirty = False
         if self.toolset is not None:
             return self.toolset
         if not self.workload.per_sample:
@@ -124,12 +128,14 @@ class McpEnvironment:
             if self.turn < len(turns):
                 return EnvResult(messages=[turns[self.turn]])
             return EnvResult(messages=[], done=True)
+        await self._ensure_toolset()
+        self._dirty = True  # until the calls complete: a cancelled step leaves per-sample state unknown
         try:
-            await self._ensure_toolset()
             result = await self._run_calls(assistant, record=True)
         except EnvironmentFailure:
             await self._drop_toolset()  # per-sample: fresh servers + replay on the retry
             raise
+        self._dirty = False
         self.history.append(assistant)
         return result
 
@@ -190,7 +196,8 @@ class McpEnvironment:
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=repr)
+    # Through JSON once first: keys become strings (mixed int/str keys cannot be sorted).
+    return json.dumps(json.loads(json.dumps(value, default=repr)), sort_keys=True)
 
 
 class McpWorkload:

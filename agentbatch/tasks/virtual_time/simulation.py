@@ -207,9 +207,12 @@ class VirtualBatch:
             ctx.extend(shared[: s.trace.shared_prefix_tokens])
         if len(ctx) < length:  # observation / template tokens not yet in the context
             self._extend(ctx, length - len(ctx))
-        elif len(ctx) > length:  # the agent shortened its context
-            del ctx[length:]
-        return ctx[:length]
+        elif len(ctx) > length:  # the agent shortened its context: a new list (see below)
+            s.ctx = ctx = ctx[:length]
+        # The context list itself is the prompt (no copy). The engine reads it in add_request and
+        # keeps it only as its per-sample memo, whose prefix stays valid because a context only
+        # grows by appends while it lives; a shortened context is a new list.
+        return ctx
 
     def _extend(self, ctx: list[int], n: int) -> None:
         ctx.extend(range(self._fresh, self._fresh + n))

@@ -127,7 +127,7 @@ class _Req:
         "state", "num_computed", "num_tokens", "gen", "node", "tree_blocks", "private", "junk",
         "has_slot", "base_iter", "base_computed", "gen_at_base", "version", "high_water",
         "first_sched", "first_token", "cached", "recomputed", "preemptions", "looked_up",
-        "prev_common", "no_insert",
+        "prev_common", "no_insert", "finish_iter",
     )  # fmt: skip
 
     def __init__(self, req: SimRequest, hashes: list[int], prev_common: int, now: float, seq: int) -> None:
@@ -162,6 +162,7 @@ class _Req:
         self.looked_up = False
         self.prev_common = prev_common  # full blocks shared with this sample's previous prompt
         self.no_insert = False
+        self.finish_iter = 0
 
 
 @dataclass
@@ -215,6 +216,7 @@ class EngineModel:
         self._junk_blocks = 0
         self._private_blocks = 0
         self._evictable: list[tuple[int, int, object]] = []  # (last_used, seq, node|junk)
+        self._evict_batch = profile.num_kv_blocks // 256
         self._free_slots = profile.state_slots if profile.state_slots is not None else 0
         self._ckpt: OrderedDict[int, None] = OrderedDict()
         self._memo: dict[int, _SampleMemo] = {}
@@ -268,13 +270,13 @@ class EngineModel:
             else:
                 r.private += 1
                 nxt = it + bs
-                if nxt <= self._finish_iter(r):
+                if nxt <= r.finish_iter:
                     heapq.heappush(ev, (nxt, 0, next(self._seq), r.version, r))
         budget -= len(self._decode)
 
         # 2. Running partial prefills continue, in admission order.
         thr = self.profile.long_prefill_token_threshold
-        for r in list(self._prefill):
+        for r in list(self._prefill) if self._prefill else ():
             if budget <= 0:
                 break
             if r.state != _PREFILL:
@@ -433,7 +435,12 @@ class EngineModel:
         common = 0
         if memo is not None:
             m = min(nfull, len(memo.hashes))
-            if m and (prompt is memo.prompt or prompt[: m * bs] == memo.prompt[: m * bs]):
+            if m and (
+                prompt is memo.prompt
+                # the usual agent turn: the new prompt extends the previous one (one slice, in C)
+                or (len(prompt) >= memo.length and prompt[: memo.length] == memo.prompt)
+                or prompt[: m * bs] == memo.prompt[: m * bs]
+            ):
                 common = m
             elif m:
                 lo, hi = 0, m  # largest k with equal first k blocks (equality is prefix-closed)
@@ -609,10 +616,11 @@ class EngineModel:
         self._decode.add(r)
         self._decode_ctx_base += r.base_computed - base_iter + 1
         seq = next(self._seq)
-        heapq.heappush(self._events, (self._finish_iter(r), 1, seq, r.version, r))
+        r.finish_iter = f = base_iter + (r.out - r.gen) - 1
+        heapq.heappush(self._events, (f, 1, seq, r.version, r))
         nb = r.tree_blocks + r.private
         b = base_iter + nb * self.bs - r.base_computed
-        if b <= self._finish_iter(r):
+        if b <= f:
             heapq.heappush(self._events, (b, 0, seq, r.version, r))
 
     def _leave_decode(self, r: _Req, at_iter: int) -> None:
@@ -624,9 +632,6 @@ class EngineModel:
         self._decode.discard(r)
         self._decode_ctx_base -= r.base_computed - r.base_iter + 1
         r.version += 1
-
-    def _finish_iter(self, r: _Req) -> int:
-        return r.base_iter + (r.out - r.gen_at_base) - 1
 
     def _add_recompute(self, r: _Req, tokens: int) -> None:
         if tokens > 0:
@@ -644,7 +649,10 @@ class EngineModel:
             return False
         fresh = self.profile.num_kv_blocks - self._tree_blocks - self._junk_blocks - self._private_blocks
         if n > fresh:
-            self._evict(n - fresh)
+            # Evict a little ahead (1/256 of the cache, the least recently used blocks) so that the
+            # one-block allocations of decoding sequences do not each walk the LRU heap; caches of
+            # up to 256 blocks evict exactly what is needed.
+            self._evict(max(n - fresh, min(self._evict_batch, self._free() - fresh)))
         self._private_blocks += n
         return True
 
