@@ -359,3 +359,19 @@ def test_random_load_keeps_the_books_and_is_deterministic(policy, hybrid):
         assert s.cached_prompt_tokens % 4 == 0
         assert s.cached_prompt_tokens < s.prompt_tokens
         assert s.queue_s >= 0 and s.prefill_s > 0 and s.decode_s >= 0
+
+
+def test_abort_frees_what_the_request_holds():
+    m = EngineModel(prof(num_kv_blocks=20))
+    m.add_request(req("a", toks(0, 30), out=50), 0.0)
+    m.add_request(req("b", toks(100, 30), out=50), 0.0)
+    m.add_request(req("c", toks(200, 30), out=50), 0.0)
+    now = 0.0
+    for _ in range(3):
+        now += m.run_iteration(now).duration
+    assert m.abort_request("a") and m.abort_request("c")
+    assert not m.abort_request("a")
+    m.check_invariants()
+    _, done = run_all(m, now)
+    assert [s.request_id for s in done] == ["b"]
+    assert m.metrics()["kv_cache_usage_perc"] == 0.0

@@ -66,6 +66,7 @@ class TokenTiming:
 
 TIMING_MODELS: dict[str, str] = {
     "token": "agentbatch.tasks.engines.timing:TokenTiming",
+    "simulated": "agentbatch.tasks.engines.sim_timing:SimulatedTiming",
 }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from mcp.shared.exceptions import MCPError
 
 from agentbatch.tasks.environments.base import EnvironmentFailure
@@ -69,10 +70,11 @@ class McpConnection:
         self._stop: asyncio.Event | None = None
         self._ready: concurrent.futures.Future = concurrent.futures.Future()
         self._done: concurrent.futures.Future = concurrent.futures.Future()
+        self._broken = False  # the transport closed under us (server died)
 
     @property
     def alive(self) -> bool:
-        return self._ready.done() and not self._done.done()
+        return self._ready.done() and not self._done.done() and not self._broken
 
     async def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"mcp-{self.spec.name}", daemon=True)
@@ -136,6 +138,9 @@ class McpConnection:
             fut.cancel()
             raise
         except MCPError as exc:
+            if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):  # the transport is gone or stuck
+                self._broken = True
+                raise EnvironmentFailure(f"MCP server {self.spec.name!r} during {name}: {exc!r}") from exc
             if self.alive:  # the server answered with a JSON-RPC error: the model sees it as a tool error
                 return types.CallToolResult(
                     content=[types.TextContent(type="text", text=f"MCP error {exc.code}: {exc}")], is_error=True

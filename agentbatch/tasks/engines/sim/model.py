@@ -208,7 +208,7 @@ class EngineModel:
         self._decode_ctx_base = 0  # sum over decoding seqs of (base_computed - base_iter + 1)
         # (iteration, kind 0=needs a block 1=finishes, seq, version, request)
         self._events: list[tuple[int, int, int, int, _Req]] = []
-        self._ids: set[str] = set()
+        self._live: dict[str, _Req] = {}  # request id -> request, until it finishes
         # memory
         self._root = _Node([], None)
         self._tree_blocks = 0  # blocks held by tree nodes
@@ -225,7 +225,7 @@ class EngineModel:
     # --- public API ------------------------------------------------------------------------------
     def add_request(self, req: SimRequest, now: float) -> None:
         """Queue a request; it can be scheduled from the next iteration on."""
-        if req.request_id in self._ids:
+        if req.request_id in self._live:
             raise ValueError(f"{self.name}: request id {req.request_id!r} is already in the engine")
         need = -(-(len(req.prompt) + max(1, req.output_tokens)) // self.bs)
         if need > self.profile.num_kv_blocks or not req.prompt:
@@ -237,8 +237,31 @@ class EngineModel:
             )
         hashes, common = self._hash_prompt(req.sample_id, req.prompt)
         r = _Req(req, hashes, common, now, next(self._seq))
-        self._ids.add(r.rid)
+        self._live[r.rid] = r
         self._push_waiting(r)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drop a request (a client went away), freeing what it holds; False if it is not here."""
+        r = self._live.pop(request_id, None)
+        if r is None:
+            return False
+        if r.state == _WAITING:
+            if self.policy == "priority":
+                self._waiting_heap = [e for e in self._waiting_heap if e[3] is not r]
+                heapq.heapify(self._waiting_heap)
+            else:
+                self._waiting_fcfs.remove(r)
+            if r.junk is not None:
+                r.junk = None  # its blocks stay evictable
+        else:
+            if r.state == _DECODE:
+                self._leave_decode(r, self._iter)
+            else:
+                self._prefill.remove(r)
+            self._release(r, keep_junk_for=None)
+        r.state = _DONE
+        r.version += 1
+        return True
 
     def has_work(self) -> bool:
         return bool(self._decode or self._prefill or self._waiting_fcfs or self._waiting_heap)
@@ -565,7 +588,7 @@ class EngineModel:
         self._release(r, keep_junk_for=None)
         r.state = _DONE
         r.version += 1
-        self._ids.discard(r.rid)
+        self._live.pop(r.rid, None)
         self.counters.requests_finished_total += 1
         first_sched = r.first_sched if r.first_sched is not None else end
         first_token = r.first_token if r.first_token is not None else end
