@@ -52,6 +52,7 @@ Pure: stdlib + numpy, no I/O.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -74,6 +75,7 @@ __all__ = [
     "Workload",
     "plan",
     "reference_concurrency",
+    "returning_evicted",
     "shape_from_config",
     "vllm_block_size",
 ]
@@ -144,6 +146,7 @@ class Workload:
     output_tokens: float | None = None  # mean output tokens per inference step (for the goodput pick)
     new_tokens: float | None = None  # mean prompt tokens per step not in the previous context (observations)
     prefix_groups: int = 1  # distinct shared prefixes (tool sets), each stored once
+    env_durations: tuple[float, ...] | None = None  # environment step durations (seconds), for LRU ages
 
     def __post_init__(self) -> None:
         if not self.contexts:
@@ -483,8 +486,51 @@ def _overflow(mean: float, sd: float, cap: float) -> float:
     return (mean - cap) * cdf + sd * pdf
 
 
+def returning_evicted(evicted_bytes_fraction: float, env_durations: Sequence[float] | None) -> float:
+    """Probability that a sample returning from the environment finds its cache evicted.
+
+    LRU evicts the caches released longest ago, i.e. of the samples that have waited longest. If a
+    fraction e of the waiting samples' bytes is evicted, those are the samples whose wait so far
+    exceeds an age tau with E[(W - tau)+] / E[W] = e (W: an environment step's duration; at a random
+    moment, waiting samples' ages have density P(W > a) / E[W]). A returning sample was evicted iff
+    its own wait exceeded tau: probability P(W > tau). Waits are not length-biased on return, so with
+    heavy-tailed environment times P(W > tau) < e: the long waits absorb the evictions. Without
+    durations (or for exponential ones) it equals e.
+    """
+    e = min(1.0, max(0.0, evicted_bytes_fraction))
+    if not env_durations or e in (0.0, 1.0):
+        return e
+    model = _age_model(tuple(env_durations))
+    if model is None:
+        return e
+    g, p_gt = model
+    # g[j] = E[(W - w_j)+] / E[W] at the sorted waits w_j, non-increasing; tau lies after the last
+    # w_j with g[j] >= e, and the returns evicted are the waits above it.
+    j = int(np.searchsorted(-g, -e, side="right")) - 1
+    return 1.0 if j < 0 else float(p_gt[j])
+
+
+@functools.lru_cache(maxsize=16)
+def _age_model(durations: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+    w = np.sort(np.asarray(durations, dtype=float))
+    total = float(w.sum())
+    if total <= 0:
+        return None
+    n = len(w)
+    above = n - np.searchsorted(w, w, side="right")  # count of waits > w_j
+    sum_above = total - np.cumsum(w)[np.searchsorted(w, w, side="right") - 1]
+    g = (sum_above - w * above) / total
+    return g, above / n
+
+
 def _recompute_at(
-    n: int, dem: _Demand, cap: float, f: float, tail: float, mean_ctx: float
+    n: int,
+    dem: _Demand,
+    cap: float,
+    f: float,
+    tail: float,
+    mean_ctx: float,
+    env_durations: Sequence[float] | None = None,
 ) -> dict[str, float]:
     m = _running_max(n, f)
     mean, sd = dem.mean_bytes(n, m), dem.sd_bytes(n)
@@ -493,11 +539,13 @@ def _recompute_at(
     waiting = f * n * per_sample
     running = (1 - f) * n * (per_sample + (dem.states_per_running - 1) * dem.s_pad)
     evict = 1.0 if over > 0 and waiting <= 0 else (min(1.0, over / waiting) if waiting > 0 else 0.0)
-    recomputed = evict * (mean_ctx - dem.prefix) + tail
+    hit = returning_evicted(evict, env_durations)
+    recomputed = hit * (mean_ctx - dem.prefix) + tail
     return {
         "concurrency": n,
         "demand_gib": mean / GIB,
         "evicted_fraction": evict,
+        "returning_evicted": hit,
         "recompute_tokens_per_step": recomputed,
         "recompute_ratio": recomputed / mean_ctx,
         "running_overflows": float(running + dem.groups * dem.prefix * dem.kv > cap),
@@ -683,8 +731,8 @@ def plan(
             n_mem,
             n_cap,
             gp,
-            lambda n: _recompute_at(n, dem, cache, f, tail, mu)["recompute_tokens_per_step"],
-            lambda n: not _recompute_at(n, dem, cache, f, tail, mu)["running_overflows"],
+            lambda n: _recompute_at(n, dem, cache, f, tail, mu, wl.env_durations)["recompute_tokens_per_step"],
+            lambda n: not _recompute_at(n, dem, cache, f, tail, mu, wl.env_durations)["running_overflows"],
             opts.goodput_tolerance,
         )
         add(
@@ -731,7 +779,7 @@ def plan(
         add(Row("state pool", "copies x s_pad", state_pool, "B", f"{100 * state_pool / cache:.1f} % of C"))
     add(Row("KV pool", "C - state pool", kv_pool, "B", f"{kv_pool / kv:,.0f} tokens"))
 
-    at = _recompute_at(n_ref, dem, cache, f, tail, mu)
+    at = _recompute_at(n_ref, dem, cache, f, tail, mu, wl.env_durations)
     add(
         Row(
             "evicted fraction at N_ref",
@@ -751,7 +799,7 @@ def plan(
     add(Row("recompute rate", "recompute / mu", 100 * at["recompute_ratio"], "%"))
 
     grid = sorted({max(1, round(n_ref * x)) for x in curve_points} | {n_mem, n_busy})
-    curve = [_recompute_at(n, dem, cache, f, tail, mu) for n in grid]
+    curve = [_recompute_at(n, dem, cache, f, tail, mu, wl.env_durations) for n in grid]
 
     max_len = wl.peak_context or math.ceil(wl.quantile(0.99) * 1.25)
     max_len = bs * math.ceil(max_len / bs)
@@ -953,7 +1001,12 @@ def reference_concurrency(
         gp = _Goodput(lambda r: c.decode_step(r, mu), c.c_prefill, wl.output_tokens, wl.new_tokens, f, cap_run)
         tail = block_size / 2
         n_good, g_at, g_best = _goodput_pick(
-            n_mem, n_cap, gp, lambda n: evicted(n) * (mu - prefix) + tail, running_ok, goodput_tolerance
+            n_mem,
+            n_cap,
+            gp,
+            lambda n: returning_evicted(evicted(n), wl.env_durations) * (mu - prefix) + tail,
+            running_ok,
+            goodput_tolerance,
         )
         bounds.update(n_goodput=n_good, goodput_tok_s=g_at, goodput_best_tok_s=g_best, goodput_at_n_mem=gp(n_mem, tail))
         n_ref = max(n_ref, n_good)

@@ -9,6 +9,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
+from prefect.utilities.annotations import quote
 
 from agentbatch.db.models import Sample, SampleStatus
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
@@ -42,7 +43,8 @@ async def sample_chain_task(sample: Sample, progress: SampleProgress, batch: Bat
 async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> None:
     """Steps mode: submit the step as a Prefect task run; the custom task runner gates it."""
     step_task = inference_task if ticket.kind == StepKind.INFERENCE else environment_task
-    future = step_task.submit(ticket=ticket, run=run, batch=batch)
+    # quote(): Prefect must not walk the conversation and the batch's objects looking for futures
+    future = step_task.submit(ticket=ticket, run=quote(run), batch=quote(batch))
     state = await asyncio.wrap_future(future.wrapped_future)
     if state.is_failed():
         exc = await state.aresult(raise_on_failure=False)
@@ -54,7 +56,7 @@ async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: Ste
 async def run_sample_lean(batch: BatchContext, sample: Sample, progress: SampleProgress) -> SampleStatus:
     """Lean mode: admit, then one Prefect task run for the whole chain."""
     await batch.coordinator.admit(progress)
-    future = sample_chain_task.submit(sample=sample, progress=progress, batch=batch)
+    future = sample_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch))
     state = await asyncio.wrap_future(future.wrapped_future)
     value = await state.aresult(raise_on_failure=True)
     return SampleStatus(value)

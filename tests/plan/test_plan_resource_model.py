@@ -235,3 +235,32 @@ def test_lognormal_workload_matches_mean_and_p95() -> None:
     wl = Workload.from_stats(20_000, 40_000, env_fraction=0.3)
     assert wl.mean_context == pytest.approx(20_000)
     assert wl.quantile(0.95) == pytest.approx(40_000, rel=0.03)
+
+
+def test_returning_evicted_lru_ages() -> None:
+    from agentbatch.scheduling.resource_model import returning_evicted
+
+    # no durations, or all equal (every waiting sample has the same age profile): the fraction itself
+    assert returning_evicted(0.3, None) == 0.3
+    # heavy tail: 9 waits of 1 s and one of 91 s. E[W] = 10; the long wait holds 91 % of waiting time.
+    # evicting 50 % of waiting bytes hits only waits longer than tau with E[(W - tau)+] / 10 = 0.5,
+    # i.e. tau = 86: only the long wait, 1 return in 10.
+    waits = [1.0] * 9 + [91.0]
+    assert returning_evicted(0.5, waits) == pytest.approx(0.1)
+    # evicting everything: every return recomputes
+    assert returning_evicted(1.0, waits) == 1.0
+    assert returning_evicted(0.0, waits) == 0.0
+
+
+def test_goodput_pick_passes_n_mem_when_recompute_is_cheap() -> None:
+    dense = shape_from_config(DENSE, weights_bytes=GIB)
+    hw = Hardware(11 * GIB, gpu_util=1.0, reserve_bytes=0)
+    cheap = LinearCost(c0=0.01, c_prefill=1e-9, c_decode=1e-5, c_attn=0.0)
+    dear = LinearCost(c0=0.01, c_prefill=1e-2, c_decode=1e-5, c_attn=0.0)
+    wl = Workload.from_stats(10_000, 14_000, env_fraction=0.5, output_tokens=200, new_tokens=300)
+    p_cheap = plan(dense, hw, wl, EngineOptions(cost=cheap))
+    p_dear = plan(dense, hw, wl, EngineOptions(cost=dear))
+    p_strict = plan(dense, hw, wl, EngineOptions(cost=cheap, allow_recompute=False))
+    assert p_strict.reference_concurrency == p_strict.n_mem
+    assert p_cheap.binding == "goodput" and p_cheap.reference_concurrency > p_cheap.n_mem
+    assert p_dear.reference_concurrency == p_dear.n_mem  # recompute too dear to pass N_mem

@@ -31,7 +31,9 @@ def toks(start: int, n: int) -> list[int]:
     return list(range(start, start + n))
 
 
-def req(rid: str, prompt: list[int], out: int = 1, sample: int | None = None, priority: int = 0) -> SimRequest:
+def req(
+    rid: str, prompt: list[int], out: int = 1, sample: int | None = None, priority: int = 0
+) -> SimRequest:
     return SimRequest(rid, hash(rid) % 1000 if sample is None else sample, prompt, out, priority=priority)
 
 

@@ -92,6 +92,7 @@ def workload_from_trace(trace: Any, *, decode_tokens_per_s: float, source: str) 
     outs: list[int] = []
     news: list[int] = []
     env_total = inf_total = 0.0
+    env_durations: list[float] = []
     prefixes: list[int] = []
     groups: set[str] = set()
     peak = 0
@@ -118,6 +119,8 @@ def workload_from_trace(trace: Any, *, decode_tokens_per_s: float, source: str) 
                 )
                 inf_total += inf_s
                 env_total += env_s
+                if env_s > 0:
+                    env_durations.append(env_s)
                 if ctx > 0:
                     contexts.append(ctx)
                     weights.append(max(inf_s + env_s, 1e-9))
@@ -136,6 +139,7 @@ def workload_from_trace(trace: Any, *, decode_tokens_per_s: float, source: str) 
         output_tokens=sum(outs) / len(outs),
         new_tokens=sum(news) / len(news),
         prefix_groups=max(1, len(groups)),
+        env_durations=tuple(env_durations) or None,
     )
 
 
@@ -404,3 +408,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--sglang-draft-tokens", type=int, default=0, help="SGLang D (speculative draft tokens)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
+
+
+def concurrency_for_profile(
+    trace: Any,
+    profile: Any,
+    *,
+    workers: int = 1,
+    iterations: int = 4,
+    allow_recompute: bool = True,
+) -> tuple[int, dict[str, float]]:
+    """Reference concurrency (all workers together) for a trace on simulated-engine workers.
+
+    `profile` is an `EngineProfile` (tasks/engines/sim/profiles.py): its KV capacity, block size,
+    checkpoint pool, max running batch and cost model are the engine. The trace's inference steps
+    carry no durations, so the environment fraction f depends on the engine's speed: start from
+    40 tokens/s per sequence, then re-estimate the per-sequence decode rate 1 / t_decode(R) at the
+    running batch R = (1 - f) N_ref the plan picks, a few times (a fixed point).
+    """
+    from agentbatch.scheduling.resource_model import LinearCost, reference_concurrency
+
+    c = profile.cost
+    cost = LinearCost(c.c0, c.c_prefill, c.c_decode, c.c_attn)
+    max_running = min(profile.max_num_seqs, profile.state_slots or profile.max_num_seqs)
+    rate = 40.0
+    n_ref, bounds = 1, {}
+    for _ in range(max(1, iterations)):
+        wl = workload_from_trace(trace, decode_tokens_per_s=rate, source="trace")
+        if wl.num_samples:
+            wl = wl.replace(num_samples=max(1, wl.num_samples // workers))
+        n_ref, bounds = reference_concurrency(
+            kv_capacity_tokens=profile.kv_capacity_tokens,
+            block_size=profile.block_size,
+            workload=wl,
+            checkpoint_slots=profile.state_checkpoints if profile.state_slots is not None else None,
+            max_running=max_running,
+            cost=cost,
+            allow_recompute=allow_recompute,
+        )
+        running = max(1.0, min(n_ref * (1 - wl.env_fraction), max_running))
+        rate = 1.0 / cost.decode_step(running, wl.mean_context)
+        bounds = dict(bounds, env_fraction=wl.env_fraction, decode_tokens_per_s=rate)
+    return n_ref * workers, bounds

@@ -21,6 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compare", type=int, nargs="+", default=[], metavar="OTHER",
                    help="other batch ids (same tasks, different policies) to compare against")
     p.add_argument("--out", type=Path, default=None, help="output folder (default ./reports/batch-<id>/)")
+    p.add_argument("--screenshot", action="store_true",
+                   help="also save screenshot.png of the page's top (headless Chromium, when installed)")
     p.add_argument("--db", default=None, help="store URL (default: AGENTBATCH_DB_URL or ./agentbatch.sqlite)")
     p.set_defaults(func=run)
 
@@ -50,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
             print(compare(analyses).to_text())
         print(f"report: {index.resolve()}")
         print(f"charts: {', '.join(str(p) for p in sorted(index.parent.glob('*.png')))}")
+        if args.screenshot:
+            from agentbatch.dashboards.browser import screenshot
+
+            shot = screenshot(index, index.parent / "screenshot.png")
+            print(f"screenshot: {shot.resolve()} (top of the page in headless Chromium: summary, figures, "
+                  "tail and latency charts)" if shot else "screenshot: skipped (chromium not installed or failed)")
         return 0
     finally:
         store.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,6 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "from the chain lengths seen so far (and from earlier batches of the same task ids).",
     )
     p.add_argument("batch_id", type=int, help="batch id")
+    p.add_argument("--watch", type=float, default=None, metavar="SECONDS",
+                   help="print again every SECONDS until the batch is done (Ctrl-C stops)")
     p.add_argument("--db", default=None, help="store URL (default: AGENTBATCH_DB_URL or ./agentbatch.sqlite)")
     p.set_defaults(func=run)
 
@@ -30,7 +33,13 @@ def run(args: argparse.Namespace) -> int:
         except UnknownBatch as exc:
             print(f"agentbatch status: {exc}", file=sys.stderr)
             return 2
-        print(eta.to_text())
+        print(eta.to_text(), flush=True)
+        while args.watch and eta.done < eta.total:
+            time.sleep(args.watch)
+            eta = estimate_eta(store, args.batch_id)
+            print(eta.to_text(), flush=True)
         return 0
+    except KeyboardInterrupt:
+        return 130
     finally:
         store.close()

@@ -173,6 +173,17 @@ def fill_load(load: WorkerLoad, metrics: WorkerMetrics | None) -> WorkerLoad:
     return load
 
 
+def engine_endpoints(engines: Iterable[Any]) -> dict[str, str]:
+    """{worker name: base URL} of the engines that talk to an HTTP server (openai, or replay over
+    openai); simulated and scripted engines have none and are left out."""
+    out: dict[str, str] = {}
+    for e in engines:
+        url = getattr(e, "base_url", None) or getattr(getattr(e, "inner", None), "base_url", None)
+        if isinstance(url, str) and url.startswith(("http://", "https://")):
+            out[e.name] = url
+    return out
+
+
 class MetricsScraper:
     """Poll workers' `/metrics` every `interval_s` in the background; keep and record the latest.
 

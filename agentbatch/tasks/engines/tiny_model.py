@@ -96,7 +96,7 @@ def build_tokenizer(seed: int, vocab_size: int) -> Any:
     tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<|begin|>", eos_token=EOS, pad_token="<|pad|>",
-        chat_template=CHAT_TEMPLATE, model_max_length=4096,
+        chat_template=CHAT_TEMPLATE, model_max_length=32768,
     )
 
 
@@ -133,7 +133,7 @@ def _config(arch: str, vocab: int, ids: dict[str, int], max_len: int) -> Any:
 
 
 def build_tiny_model(out: str | Path, *, arch: str = "llama", seed: int = 0, vocab_size: int = 4096,
-                     max_len: int = 4096) -> Path:
+                     max_len: int = 32768) -> Path:
     """Write tokenizer + config + random weights to `out` (save_pretrained layout) and return it."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig

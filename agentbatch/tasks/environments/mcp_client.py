@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from agentbatch.tasks.environments.base import EnvironmentFailure
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import zlib
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from agentbatch.tasks.engines.sim.profiles import EngineProfile, get_profile
 from agentbatch.tasks.traces.schema import ENVIRONMENT, INFERENCE, Trace, TraceSample
 
 _FRESH_BASE = 1 << 60  # token ids unique to one sample's context (never shared)
+_ZEROS = array("q", bytes(8 * 4096))
 
 # event kinds, ordered by phase within an instant
 _ENV_END = 0
@@ -76,7 +78,7 @@ class _Sample:
         self.trace = trace
         self.prog = prog
         self.pos = 0  # index into trace.steps of the next step
-        self.ctx: list[int] = []
+        self.ctx = array("q")  # token ids of the context; int64, 8 bytes a token (lists take ~36)
         self.admitted_at = 0.0
         self.finished_at: float | None = None
         self.slot: str | None = None  # coupled mode: the environment slot held while admitted
@@ -173,6 +175,7 @@ class VirtualBatch:
 
     def _finish(self, s: _Sample, now: float) -> None:
         s.finished_at = now
+        s.ctx = array("q")  # free the context
         for engine in self.engines:  # drop the engines' per-sample prompt memo
             forget = getattr(engine, "forget_sample", None)
             if forget is not None:
@@ -195,14 +198,14 @@ class VirtualBatch:
             self._enqueue_env(s, now)
 
     # --- inference -----------------------------------------------------------------------------
-    def _prompt(self, s: _Sample, length: int) -> list[int]:
+    def _prompt(self, s: _Sample, length: int) -> array:
         ctx = s.ctx
         if not ctx and s.trace.shared_prefix_tokens:
             group = s.trace.prefix_group
             shared = self._shared.get(group)
             if shared is None or len(shared) < s.trace.shared_prefix_tokens:
                 base = (zlib.crc32(group.encode()) + 1) << 24
-                shared = list(range(base, base + s.trace.shared_prefix_tokens))
+                shared = array("q", range(base, base + s.trace.shared_prefix_tokens))
                 self._shared[group] = shared
             ctx.extend(shared[: s.trace.shared_prefix_tokens])
         if len(ctx) < length:  # observation / template tokens not yet in the context
@@ -214,9 +217,19 @@ class VirtualBatch:
         # grows by appends while it lives; a shortened context is a new list.
         return ctx
 
-    def _extend(self, ctx: list[int], n: int) -> None:
-        ctx.extend(range(self._fresh, self._fresh + n))
-        self._fresh += n
+    def _extend(self, ctx: array, n: int) -> None:
+        # New context tokens: one id unique in the whole batch, then zeros. The engine's block
+        # hashes are chained over the prefix, so blocks after a unique token are unique too, and
+        # zeros are a memcpy instead of a Python int per token.
+        if n <= 0:
+            return
+        ctx.append(self._fresh)
+        self._fresh += 1
+        n -= 1
+        while n > 0:
+            k = min(n, len(_ZEROS))
+            ctx.extend(_ZEROS if k == len(_ZEROS) else _ZEROS[:k])
+            n -= k
 
     def _enqueue_inference(self, s: _Sample, now: float) -> None:
         st = s.trace.steps[s.pos]

@@ -458,11 +458,14 @@ class EngineModel:
         common = 0
         if memo is not None:
             m = min(nfull, len(memo.hashes))
-            if m and (
-                prompt is memo.prompt
-                # the usual agent turn: the new prompt extends the previous one (one slice, in C)
-                or (len(prompt) >= memo.length and prompt[: memo.length] == memo.prompt)
-                or prompt[: m * bs] == memo.prompt[: m * bs]
+            if (
+                m
+                and (
+                    prompt is memo.prompt
+                    # the usual agent turn: the new prompt extends the previous one (one slice, in C)
+                    or (len(prompt) >= memo.length and prompt[: memo.length] == memo.prompt)
+                    or prompt[: m * bs] == memo.prompt[: m * bs]
+                )
             ):
                 common = m
             elif m:

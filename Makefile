@@ -1,0 +1,33 @@
+# The two commands: `make demo` (run the demo batch) and `make test` (the test suite).
+# Each creates .venv from the repo's own files when it is missing or pyproject.toml changed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.agentbatch-installed
+BFCL_EVAL := bfcl-eval==2026.3.23
+
+.PHONY: demo test lint bench clean-demo
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	# bfcl-eval with its data but without its heavy ML extras (torch, transformers, faiss, CUDA)
+	$(BIN)/python -m pip install -q --no-deps '$(BFCL_EVAL)'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	mkdir -p runs
+	$(BIN)/agentbatch run examples/bfcl_demo.yaml --db sqlite:///runs/demo.sqlite --report runs/demo-report
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check agentbatch tests bench
+
+bench: $(STAMP)
+	$(BIN)/python bench/orchestration_overhead.py
+
+clean-demo:
+	rm -rf runs

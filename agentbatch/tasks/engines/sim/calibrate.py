@@ -1,0 +1,292 @@
+"""Fit a profile's cost model to measured request timings (least squares, numpy).
+
+A request's time splits into iterations: its decode took `output_tokens - 1` steps, so
+decode_s / (output_tokens - 1) is the mean duration of the steps it decoded in; its prefill took the
+steps from its first scheduling to its first token. The composition of those steps (sequences
+decoding, prefill tokens, context read) is reconstructed from the other requests on the same worker
+that overlapped in time: a request decodes during [first token, finish] and computes its uncached
+prompt tokens evenly over [first scheduled, first token]. Each request gives one row per phase:
+
+    measured step time  ~  c0 + c_prefill * P + c_decode * D + c_attn * A + c_prefill_attn * Q
+
+solved for the coefficients by least squares on relative errors, with a light pull towards the base
+profile's values (so a coefficient the data cannot pin down keeps its base value) and no negative
+coefficients. Input: the store's completed inference steps of a batch, or a CSV / Parquet table with
+the same columns (see REQUIRED / OPTIONAL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentbatch.tasks.engines.sim.profiles import CostModel, EngineProfile
+
+COEFFS = ("c0", "c_prefill", "c_decode", "c_attn", "c_prefill_attn")
+REQUIRED = ("prompt_tokens", "output_tokens", "started_at", "finished_at")
+OPTIONAL = ("cached_prompt_tokens", "prefill_s", "decode_s", "engine_queue_s", "worker", "sample_id", "index")
+
+
+@dataclass
+class Timings:
+    """Per-request columns as numpy arrays (one entry per request)."""
+
+    prompt: np.ndarray
+    cached: np.ndarray
+    output: np.ndarray
+    start: np.ndarray  # request sent (s)
+    finish: np.ndarray  # last token (s)
+    queue: np.ndarray  # engine queue time, NaN if unknown
+    prefill: np.ndarray  # NaN if unknown
+    decode: np.ndarray  # NaN if unknown
+    worker: np.ndarray  # str
+
+    def __len__(self) -> int:
+        return len(self.prompt)
+
+
+@dataclass
+class FitResult:
+    profile: EngineProfile
+    coefficients: dict[str, float]
+    base: dict[str, float]
+    rows: int
+    requests: int
+    rel_rms: float  # relative RMS error of the fitted step times
+    mape: float  # mean absolute percentage error of the fitted step times
+    rel_rms_base: float  # the same for the base profile's coefficients
+    per_phase: dict[str, dict[str, float]]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["profile"] = self.profile.to_dict()
+        return d
+
+    def to_text(self) -> str:
+        lines = [f"cost model fit: {self.requests} requests, {self.rows} rows (profile {self.profile.name})"]
+        lines.append(f"  {'coefficient':<16}{'fitted':>14}{'base':>14}")
+        for k in COEFFS:
+            lines.append(f"  {k:<16}{self.coefficients[k]:>14.4g}{self.base[k]:>14.4g}")
+        lines.append(
+            f"  step-time error: relative RMS {self.rel_rms:.1%}, MAPE {self.mape:.1%} "
+            f"(base profile: relative RMS {self.rel_rms_base:.1%})"
+        )
+        for phase, e in self.per_phase.items():
+            lines.append(f"    {phase:<8} rows {int(e['rows']):>6}  MAPE {e['mape']:.1%}")
+        return "\n".join(lines)
+
+
+def timings_from_records(records: list[dict[str, Any]]) -> Timings:
+    """Rows as dicts with REQUIRED (and optionally OPTIONAL) keys; rows missing a required value are skipped."""
+    keep = [
+        r
+        for r in records
+        if all(r.get(k) is not None for k in REQUIRED) and (r.get("output_tokens") or 0) > 0
+    ]
+    if not keep:
+        raise ValueError(f"no usable request timings (need {', '.join(REQUIRED)} and output_tokens > 0)")
+
+    def col(name: str, default: float = np.nan) -> np.ndarray:
+        return np.array([float(r[name]) if r.get(name) is not None else default for r in keep], dtype=float)
+
+    return Timings(
+        prompt=col("prompt_tokens"),
+        cached=col("cached_prompt_tokens", 0.0),
+        output=col("output_tokens"),
+        start=col("started_at"),
+        finish=col("finished_at"),
+        queue=col("engine_queue_s"),
+        prefill=col("prefill_s"),
+        decode=col("decode_s"),
+        worker=np.array([str(r.get("worker") or "") for r in keep], dtype=object),
+    )
+
+
+def timings_from_store(store: Any, batch_id: int) -> Timings:
+    """Completed inference steps of a batch (agentbatch.db.store.Store)."""
+    records = []
+    for st in store.steps(batch_id):
+        if st.kind != "inference" or st.status != "completed":
+            continue
+        records.append(
+            {k: getattr(st, k) for k in REQUIRED + OPTIONAL if k not in ("sample_id",)}
+            | {"sample_id": st.sample_id}
+        )
+    if not records:
+        raise ValueError(f"batch {batch_id} has no completed inference steps")
+    return timings_from_records(records)
+
+
+def timings_from_file(path: str | Path) -> Timings:
+    """A CSV or Parquet table with REQUIRED (and optionally OPTIONAL) columns."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    df = pd.read_parquet(path) if path.suffix in (".parquet", ".pq") else pd.read_csv(path)
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{path}: missing columns {missing}; need {list(REQUIRED)}, optionally {list(OPTIONAL)}"
+        )
+    df = df.astype(object).where(df.notna(), None)
+    return timings_from_records(df.to_dict("records"))
+
+
+# --- the design matrix ---------------------------------------------------------------------------
+
+
+def _overlap(a0: np.ndarray, a1: np.ndarray, b0: float, b1: float) -> np.ndarray:
+    return np.clip(np.minimum(a1, b1) - np.maximum(a0, b0), 0.0, None)
+
+
+@dataclass
+class _Phases:
+    """One worker's requests: decode windows [first_tok, fin], prefill windows [sched, first_tok]."""
+
+    first_tok: np.ndarray
+    fin: np.ndarray
+    sched: np.ndarray
+    ctx_mid: np.ndarray
+    rate_tok: np.ndarray
+    rate_pairs: np.ndarray
+
+    def window_for(self, j: int):
+        def window(a: float, b: float) -> tuple[float, float, float, float]:
+            """Time-averaged decoding seqs and context of the others, and their prefill tokens / pairs
+            computed in [a, b]."""
+            length = max(b - a, 1e-9)
+            d_ov = _overlap(self.first_tok, self.fin, a, b)
+            d_ov[j] = 0.0
+            p_ov = _overlap(self.sched, self.first_tok, a, b)
+            p_ov[j] = 0.0
+            dec = float(d_ov.sum() / length)
+            att = float((d_ov * self.ctx_mid).sum() / length)
+            return dec, att, float((p_ov * self.rate_tok).sum()), float((p_ov * self.rate_pairs).sum())
+
+        return window
+
+
+def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X, y, phase) with one row per request phase; phase 0 = decode, 1 = prefill, 2 = whole request."""
+    rows: list[np.ndarray] = []
+    ys: list[float] = []
+    phases: list[int] = []
+    budget = float(base.max_num_batched_tokens)
+    for w in np.unique(t.worker):
+        idx = np.flatnonzero(t.worker == w)
+        queue = np.nan_to_num(t.queue[idx], nan=0.0)
+        sched = t.start[idx] + queue
+        known = ~np.isnan(t.prefill[idx]) & ~np.isnan(t.decode[idx])
+        first_tok = np.where(known, sched + np.nan_to_num(t.prefill[idx]), sched)
+        fin = t.finish[idx]
+        new = np.clip(t.prompt[idx] - t.cached[idx], 1.0, None)
+        pairs = new * t.cached[idx] + new * (new + 1) / 2
+        ctx_mid = t.prompt[idx] + t.output[idx] / 2  # mean context of a decoding sequence
+        pre_len = np.clip(first_tok - sched, 1e-9, None)
+        rate_tok = np.where(known, new / pre_len, 0.0)
+        rate_pairs = np.where(known, pairs / pre_len, 0.0)
+        out = t.output[idx]
+        ph = _Phases(first_tok, fin, sched, ctx_mid, rate_tok, rate_pairs)
+        for j in range(len(idx)):
+            window = ph.window_for(j)
+            if known[j] and out[j] > 1 and t.decode[idx[j]] > 0:
+                n_it = out[j] - 1
+                dec, att, ptok, ppairs = window(first_tok[j], fin[j])
+                rows.append(np.array([1.0, ptok / n_it, dec + 1.0, att + ctx_mid[j], ppairs / n_it]))
+                ys.append(float(t.decode[idx[j]] / n_it))
+                phases.append(0)
+            if known[j] and t.prefill[idx[j]] > 0:
+                dec, att, ptok, ppairs = window(sched[j], first_tok[j])
+                tokens = new[j] + ptok
+                n_it = max(1.0, np.ceil(tokens / budget))
+                rows.append(np.array([n_it, tokens, dec * n_it, att * n_it, pairs[j] + ppairs]))
+                ys.append(float(t.prefill[idx[j]]))
+                phases.append(1)
+            if not known[j]:  # only the total latency: prefill step(s) + out - 1 decode steps
+                total = fin[j] - sched[j]
+                if total <= 0:
+                    continue
+                dec, att, ptok, ppairs = window(sched[j], fin[j])
+                n_pre = max(1.0, np.ceil(new[j] / budget))
+                n_it = n_pre + out[j] - 1
+                rows.append(
+                    np.array(
+                        [
+                            n_it,
+                            new[j] + ptok,
+                            (dec + 1.0) * n_it - n_pre,
+                            (att + ctx_mid[j]) * n_it,
+                            pairs[j] + ppairs,
+                        ]
+                    )
+                )
+                ys.append(float(total))
+                phases.append(2)
+    if not rows:
+        raise ValueError("no request has a measurable phase (decode_s, prefill_s or a positive latency)")
+    return np.vstack(rows), np.array(ys), np.array(phases)
+
+
+def moe_term(X: np.ndarray, cost: CostModel) -> np.ndarray:
+    """The fixed expert-weight read of each row (n_iterations x the share a mean step touches)."""
+    if not cost.moe_weight_s:
+        return np.zeros(len(X))
+    n_it = np.clip(X[:, 0], 1e-9, None)
+    tokens = (X[:, 1] + X[:, 2]) / n_it
+    return n_it * cost.moe_weight_s * (1.0 - (1.0 - cost.moe_active_frac) ** tokens)
+
+
+def _solve(X: np.ndarray, y: np.ndarray, fixed: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
+    """min sum(((Xc + fixed - y)/y)^2) + strength * n * sum(((c - prior)/scale)^2), c >= 0 (active set)."""
+    w = 1.0 / np.clip(y, 1e-12, None)
+    A = X * w[:, None]
+    b = (y - fixed) * w
+    # scale each coefficient by its typical contribution, so the pull is unit-free
+    scale = np.where(prior > 0, prior, np.abs(np.linalg.lstsq(A, b, rcond=None)[0]) + 1e-30)
+    lam = np.sqrt(strength * len(y))
+    active = np.ones(X.shape[1], dtype=bool)
+    c = np.zeros(X.shape[1])
+    for _ in range(X.shape[1] + 1):
+        cols = np.flatnonzero(active)
+        As = np.vstack([A[:, cols] * scale[cols], lam * np.eye(len(cols))])
+        bs = np.concatenate([b, lam * prior[cols] / scale[cols]])
+        sol = np.linalg.lstsq(As, bs, rcond=None)[0] * scale[cols]
+        c = np.zeros(X.shape[1])
+        c[cols] = sol
+        if (sol >= 0).all():
+            break
+        active[cols[sol < 0]] = False
+    return c
+
+
+def fit_cost_model(t: Timings, base: EngineProfile, *, prior_strength: float = 1e-3) -> FitResult:
+    X, y, phase = design_rows(t, base)
+    prior = np.array([getattr(base.cost, k) for k in COEFFS])
+    fixed = moe_term(X, base.cost)
+    c = _solve(X, y, fixed, prior, prior_strength)
+    pred = X @ c + fixed
+    rel = (pred - y) / y
+    base_rel = (X @ prior + fixed - y) / y
+    per_phase = {}
+    for code, label in ((0, "decode"), (1, "prefill"), (2, "request")):
+        m = phase == code
+        if m.any():
+            per_phase[label] = {"rows": float(m.sum()), "mape": float(np.mean(np.abs(rel[m])))}
+    cost = dataclasses.replace(base.cost, **{k: float(v) for k, v in zip(COEFFS, c, strict=True)})
+    return FitResult(
+        profile=dataclasses.replace(base, cost=cost, name=f"{base.name}-calibrated"),
+        coefficients={k: float(v) for k, v in zip(COEFFS, c, strict=True)},
+        base={k: float(v) for k, v in zip(COEFFS, prior, strict=True)},
+        rows=len(y),
+        requests=len(t),
+        rel_rms=float(np.sqrt(np.mean(rel**2))),
+        mape=float(np.mean(np.abs(rel))),
+        rel_rms_base=float(np.sqrt(np.mean(base_rel**2))),
+        per_phase=per_phase,
+    )

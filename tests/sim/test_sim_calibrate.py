@@ -1,0 +1,163 @@
+"""Calibration: fit the cost model to request timings, from a table or from a batch in the store.
+
+The timings come from the engine model itself with known coefficients, so the fit has a true answer;
+the base profile starts far from it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+import pytest
+from sqlalchemy import update
+
+from agentbatch.db.models import Step
+from agentbatch.db.store import StepOutcome
+from agentbatch.flows.cli import main
+from agentbatch.tasks.engines.sim import SimRequest, get_profile
+from agentbatch.tasks.engines.sim.calibrate import fit_cost_model, timings_from_records
+from agentbatch.tasks.engines.sim.drive import drive
+from agentbatch.tasks.engines.sim.profiles import save_profile
+
+TRUE = get_profile("llama3-8b-h100")
+BASE = get_profile(
+    "llama3-8b-h100",
+    cost={"c0": 0.012, "c_prefill": 1.5e-5, "c_decode": 5e-5, "c_attn": 1e-7, "c_prefill_attn": 1e-10},
+)
+
+
+def _measured(n: int = 300, seed: int = 0, workers: int = 1) -> list[dict]:
+    rng = random.Random(seed)
+    system = list(range(1000))
+    records = []
+    for w in range(workers):
+        arrivals, t = [], 0.0
+        for i in range(n):
+            t += rng.expovariate(4.0 if i % 50 < 25 else 0.5)  # bursts and lulls: varied batch sizes
+            prompt = system + list(range(10_000 * (i + 1), 10_000 * (i + 1) + rng.randrange(50, 4000)))
+            arrivals.append((t, SimRequest(f"w{w}-r{i}", i, prompt, rng.randrange(2, 600))))
+        for s in drive(TRUE, arrivals).stats:
+            records.append(
+                {
+                    "prompt_tokens": s.prompt_tokens,
+                    "cached_prompt_tokens": s.cached_prompt_tokens,
+                    "output_tokens": s.output_tokens,
+                    "started_at": 1000.0 + s.arrival,
+                    "finished_at": 1000.0 + s.finished,
+                    "engine_queue_s": s.queue_s,
+                    "prefill_s": s.prefill_s,
+                    "decode_s": s.decode_s,
+                    "worker": f"w{w}",
+                }
+            )
+    return records
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[dict]:
+    return _measured()
+
+
+def _close(fitted: float, true: float, tol: float) -> bool:
+    return abs(fitted - true) <= tol * true
+
+
+def test_fit_recovers_the_coefficients_from_split_timings(measured):
+    fit = fit_cost_model(timings_from_records(measured), BASE)
+    c = fit.coefficients
+    assert _close(c["c0"], TRUE.cost.c0, 0.15)
+    assert _close(c["c_prefill"], TRUE.cost.c_prefill, 0.15)
+    assert _close(c["c_attn"], TRUE.cost.c_attn, 0.25)
+    assert all(v >= 0 for v in c.values())
+    assert fit.mape < 0.03
+    assert fit.rel_rms < fit.rel_rms_base / 5
+    assert fit.profile.num_kv_blocks == BASE.num_kv_blocks  # memory settings are the base's
+    assert "c_prefill" in fit.to_text()
+
+
+def test_fit_from_total_latency_only_beats_the_base(measured):
+    totals = [{k: v for k, v in r.items() if k not in ("prefill_s", "decode_s")} for r in measured]
+    fit = fit_cost_model(timings_from_records(totals), BASE)
+    assert set(fit.per_phase) == {"request"}
+    assert fit.rel_rms < fit.rel_rms_base / 2
+    assert _close(fit.coefficients["c0"], TRUE.cost.c0, 0.6)
+
+
+def test_unusable_timings_are_rejected():
+    with pytest.raises(ValueError, match="no usable"):
+        timings_from_records(
+            [{"prompt_tokens": 5, "output_tokens": 0, "started_at": 0.0, "finished_at": 1.0}]
+        )
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_calibrate_command_from_a_table(tmp_path, measured, fmt, capsys):
+    table = tmp_path / f"timings.{fmt}"
+    df = pd.DataFrame(measured)
+    df.to_csv(table, index=False) if fmt == "csv" else df.to_parquet(table)
+    base = tmp_path / "base.json"
+    save_profile(BASE, base)
+    out = tmp_path / "fitted.json"
+    rc = main(
+        ["calibrate", "--timings", str(table), "--base", str(base), "--out", str(out), "--name", "my-gpu"]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "c0" in printed and "MAPE" in printed
+    prof = get_profile(str(out))
+    assert prof.name == "my-gpu"
+    assert _close(prof.cost.c0, TRUE.cost.c0, 0.15)
+    # the fitted profile drives the timing model directly
+    from agentbatch.tasks.engines.timing import make_timing
+
+    assert make_timing({"kind": "simulated", "profile": str(out)}).profile.cost == prof.cost
+
+
+def test_calibrate_command_rejects_a_table_without_the_columns(tmp_path, capsys):
+    table = tmp_path / "bad.csv"
+    pd.DataFrame({"prompt_tokens": [1]}).to_csv(table, index=False)
+    assert main(["calibrate", "--timings", str(table), "--out", str(tmp_path / "o.json")]) == 2
+    assert "missing columns" in capsys.readouterr().err
+
+
+def test_calibrate_command_from_a_batch_in_the_store(store, tmp_path, capsys):
+    records = _measured(n=50, seed=3, workers=2)
+    batch = store.create_batch("measured", {}, [(f"t{i}", {}) for i in range(len(records))])
+    samples = store.samples(batch)
+    ids = []
+    for sample, r in zip(samples, records, strict=True):
+        step = store.start_step(
+            batch_id=batch,
+            sample_id=sample.id,
+            index=0,
+            kind="inference",
+            enqueued_at=r["started_at"],
+            request=None,
+        )
+        fields = (
+            "prompt_tokens",
+            "cached_prompt_tokens",
+            "output_tokens",
+            "prefill_s",
+            "decode_s",
+            "engine_queue_s",
+        )
+        store.complete_step(step, StepOutcome(response={}, worker=r["worker"], **{k: r[k] for k in fields}))
+        ids.append((step, r))
+    with store.session() as s, s.begin():  # the recorded wall-clock times of the measured run
+        for step, r in ids:
+            s.execute(
+                update(Step)
+                .where(Step.id == step)
+                .values(started_at=r["started_at"], finished_at=r["finished_at"])
+            )
+    out = tmp_path / "fitted.json"
+    rc = main(
+        ["calibrate", "--batch", str(batch), "--db", store.url, "--base", "llama3-8b-h100", "--out", str(out)]
+    )
+    assert rc == 0
+    prof = get_profile(str(out))
+    assert _close(prof.cost.c0, TRUE.cost.c0, 0.15)
+    assert _close(prof.cost.c_prefill, TRUE.cost.c_prefill, 0.2)
+    assert main(["calibrate", "--batch", "999999", "--db", store.url, "--out", str(out)]) == 2
