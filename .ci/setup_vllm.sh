@@ -33,6 +33,9 @@ else
     stamp "removing torchvision torchaudio torchcodec triton"
     "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
     "$VENV/bin/python" -c "import torch, vllm; print('torch', torch.__version__, 'vllm', vllm.__version__)"
+    # Remember how long the install took (bench/vllm_calibration.py prints it).
+    printf '{"install_s": %d, "vllm": "%s", "torch": "%s", "date": "%s"}\n' "$(( $(date +%s) - t0 ))" \
+        "$VLLM_VERSION" "$TORCH_VERSION" "$(date -u +%FT%TZ)" > "$VENV/agentbatch-setup.json"
 fi
 t1=$(date +%s)
 stamp "venv ready in $((t1 - t0)) s, size $(du -sh "$VENV" | cut -f1)"

@@ -64,7 +64,10 @@ def run_case(family: str, profile_name: str, samples: int, no_prefix: bool, seed
                 "wall": time.perf_counter() - t,
             }
         )
-        print(f"    N={n:>4}: makespan {s.makespan_s:9.1f} s  ({time.perf_counter() - t:.1f} s wall)", file=sys.stderr)
+        print(
+            f"    N={n:>4}: makespan {s.makespan_s:9.1f} s  ({time.perf_counter() - t:.1f} s wall)",
+            file=sys.stderr,
+        )
     return {
         "family": family,
         "profile": profile_name,
@@ -93,7 +96,9 @@ def report(case: dict) -> dict[str, float]:
         f"f={b['env_fraction']:.3f} at {b['decode_tokens_per_s']:.0f} tok/s/seq; "
         f"N_goodput={b.get('n_goodput', '-')}), computed in {1e3 * case['plan_s']:.1f} ms"
     )
-    print(f"   {'N':>5}  {'makespan s':>10}  {'x best':>6}  {'hit rate':>8}  {'recomputed tok':>14}  {'preempt':>7}")
+    print(
+        f"   {'N':>5}  {'makespan s':>10}  {'x best':>6}  {'hit rate':>8}  {'recomputed tok':>14}  {'preempt':>7}"
+    )
     for r in rows:
         marks = []
         if r["n"] == case["n_ref"]:
@@ -127,10 +132,14 @@ def main() -> int:
     results = []
     for family, profile, sizes, no_prefix in CASES:
         print(f"{family} on {profile} ...", file=sys.stderr)
-        results.append(report(run_case(family, profile, sizes[1] if args.quick else sizes[0], no_prefix, args.seed)))
+        results.append(
+            report(run_case(family, profile, sizes[1] if args.quick else sizes[0], no_prefix, args.seed))
+        )
     print("\nSummary (makespan relative to the best concurrency of the sweep, all measured in this run):")
     for (family, profile, _, _), r in zip(CASES, results, strict=True):
-        print(f"   {family:<16} {profile:<20} pick {r['pick']:.3f}  N_mem {r['fit']:.3f}  baseline {r['baseline']:.3f}")
+        print(
+            f"   {family:<16} {profile:<20} pick {r['pick']:.3f}  N_mem {r['fit']:.3f}  baseline {r['baseline']:.3f}"
+        )
     print(
         "\nNote: the hybrid case drops the shared system prompt because the simulated engine (sim/model.py) loses "
         "all later prefix hits of a hybrid-model sample whose first prompt matched another sample's cached KV "

@@ -24,6 +24,7 @@ for _key, _value in {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_LOGGING_TO_API_ENABLED": "false",
     "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
 }.items():
     os.environ.setdefault(_key, _value)
 
@@ -126,11 +127,14 @@ def prefect_api(tmp_path_factory) -> Iterator[str]:
             proc.kill()
             raise RuntimeError(f"Prefect server did not start; see {home / 'server.log'}")
         time.sleep(0.5)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
-    os.environ["PREFECT_API_URL"] = url
+    os.environ["PREFECT_API_URL"] = url  # for subprocesses
     os.environ["PREFECT_HOME"] = str(home)
     try:
-        yield url
+        with temporary_settings(updates={PREFECT_API_URL: url}):  # for this process (settings are cached)
+            yield url
     finally:
         for k, v in old.items():
             if v is None:

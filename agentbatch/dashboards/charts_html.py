@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 
 from agentbatch.dashboards.analytics import PHASES, BatchAnalysis
 from agentbatch.dashboards.timeline import binned_average
@@ -22,6 +23,23 @@ PHASE_COLOURS = dict(zip(PHASES, ("#c6dbef", "#6baed6", "#2171b5", "#fdd0a2", "#
 GANTT_MAX_SAMPLES = 300  # beyond this the chart shows the samples that finished last
 UTIL_BINS = 120  # utilisation is shown as the mean over each 1/120 of the makespan
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.15))
+
+
+# One colour per batch (or per worker), the same in every chart of the page.
+PALETTE = qualitative.D3
+
+
+def colour(i: int) -> str:
+    return PALETTE[i % len(PALETTE)]
+
+
+# Engine workers: no orange or red, those mean environment and failures on this page.
+WORKER_PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+ENV_COLOUR = "#e6550d"
+
+
+def worker_colour(i: int) -> str:
+    return WORKER_PALETTE[i % len(WORKER_PALETTE)]
 
 
 def label(a: BatchAnalysis) -> str:
@@ -84,15 +102,16 @@ def utilisation(a: BatchAnalysis) -> go.Figure:
     t0, t1 = a.t0 or 0.0, a.t_end or 0.0
     fig = go.Figure()
     cap = a.capacity
-    curves = [(f"worker {w} in-flight / {cap.per_worker_inflight}", c, cap.per_worker_inflight, None)
-              for w, c in sorted(a.worker_curves.items())]
+    curves = [(f"worker {w} in-flight / {cap.per_worker_inflight}", c, cap.per_worker_inflight,
+               dict(color=worker_colour(i)))
+              for i, (w, c) in enumerate(sorted(a.worker_curves.items()))]
     curves.append((f"environment busy / {cap.env_slots} slots", a.env_curve, cap.env_slots,
-                   dict(color="#e6550d", width=3)))
+                   dict(color=ENV_COLOUR, width=3)))
     for name, c, denom, line in curves:
         b = binned_average(c, t0, t1, UTIL_BINS)
         fig.add_scatter(x=b["t"] - t0, y=b["level"] / denom, mode="lines", line_shape="hv", name=name, line=line)
         fig.add_scatter(x=c["t"] - t0, y=c["level"] / denom, mode="lines", line_shape="hv", name=f"{name} (raw)",
-                        visible="legendonly", line=dict(width=1))
+                        visible="legendonly", line=dict(width=1, color=line["color"]))
     fig.update_layout(title=f"Utilisation over time (mean per bin of {(t1 - t0) / UTIL_BINS:.2g} s), {label(a)}",
                       xaxis_title="seconds from t0", yaxis_title="fraction of capacity", height=400, **_LAYOUT)
     return fig
@@ -100,9 +119,10 @@ def utilisation(a: BatchAnalysis) -> go.Figure:
 
 def active_samples(analyses: list[BatchAnalysis]) -> go.Figure:
     fig = go.Figure()
-    for a in analyses:
+    for i, a in enumerate(analyses):
         c = a.active_curve
-        fig.add_scatter(x=c["t"] - (a.t0 or 0.0), y=c["level"], mode="lines", line_shape="hv", name=label(a))
+        fig.add_scatter(x=c["t"] - (a.t0 or 0.0), y=c["level"], mode="lines", line_shape="hv", name=label(a),
+                        line=dict(color=colour(i)))
     fig.update_layout(title="Active samples (admitted, not finished)", xaxis_title="seconds from t0",
                       yaxis_title="samples", height=350, **_LAYOUT)
     return fig
@@ -110,11 +130,11 @@ def active_samples(analyses: list[BatchAnalysis]) -> go.Figure:
 
 def env_utilisation_compare(analyses: list[BatchAnalysis]) -> go.Figure:
     fig = go.Figure()
-    for a in analyses:
+    for i, a in enumerate(analyses):
         t0, t1 = a.t0 or 0.0, a.t_end or 0.0
         b = binned_average(a.env_curve, t0, t1, UTIL_BINS)
         fig.add_scatter(x=b["t"] - t0, y=b["level"] / a.capacity.env_slots, mode="lines", line_shape="hv",
-                        name=label(a))
+                        name=label(a), line=dict(color=colour(i)))
     fig.update_layout(title="Environment slots busy (fraction, mean per bin)", xaxis_title="seconds from t0",
                       height=350, **_LAYOUT)
     return fig
@@ -123,29 +143,30 @@ def env_utilisation_compare(analyses: list[BatchAnalysis]) -> go.Figure:
 def completion(analyses: list[BatchAnalysis]) -> go.Figure:
     """Samples done over time, with the 90 % and 99 % points: the tail is the flat end."""
     fig = go.Figure()
-    for a in analyses:
+    for i, a in enumerate(analyses):
         f = np.sort(a.samples["finished_at"].dropna().to_numpy()) - (a.t0 or 0.0)
         n = len(a.samples)
         # Start the curve at (0, 0) so the first finish shows as a step up.
         fig.add_scatter(x=np.append(0.0, f), y=np.arange(0, len(f) + 1) / max(n, 1), mode="lines",
-                        line_shape="hv", name=label(a))
-        if len(f):
-            for q in (0.9, 0.99):
-                tail = a.tail_s(q)
-                if tail is not None:
-                    fig.add_scatter(x=[f[-1] - tail], y=[q], mode="markers", marker_symbol="x", marker_size=10,
-                                    name=f"{label(a)}: {q:.0%} done, tail {tail:.1f} s", showlegend=True)
-    fig.update_layout(title="Samples done over time (tail)", xaxis_title="seconds from t0",
+                        line_shape="hv", name=label(a), line=dict(color=colour(i)), legendgroup=str(i))
+        points = [(q, a.tail_s(q)) for q in (0.9, 0.99) if len(f)]
+        points = [(q, t) for q, t in points if t is not None]
+        if points:
+            fig.add_scatter(x=[f[-1] - t for _, t in points], y=[q for q, _ in points], mode="markers",
+                            marker=dict(symbol="x", size=10, color=colour(i)), legendgroup=str(i), showlegend=False,
+                            text=[f"{label(a)}: {q:.0%} done; tail {t:.1f} s" for q, t in points],
+                            hovertemplate="%{text}<extra></extra>")
+    fig.update_layout(title="Samples done over time (tail; x marks 90 % and 99 % done)", xaxis_title="seconds from t0",
                       yaxis_title="fraction of samples", height=380, **_LAYOUT)
     return fig
 
 
 def latency_cdf(analyses: list[BatchAnalysis]) -> go.Figure:
     fig = go.Figure()
-    for a in analyses:
+    for i, a in enumerate(analyses):
         lat = a.latency.to_numpy()
         fig.add_scatter(x=np.append(lat[:1], lat), y=np.arange(0, len(lat) + 1) / max(len(lat), 1), mode="lines",
-                        line_shape="hv", name=label(a))
+                        line_shape="hv", name=label(a), line=dict(color=colour(i)))
     fig.update_layout(title="Per-sample latency CDF (admitted to finished)", xaxis_title="seconds",
                       yaxis_title="fraction of samples", height=350, **_LAYOUT)
     return fig

@@ -11,7 +11,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from agentbatch.dashboards.analytics import PHASES, BatchAnalysis  # noqa: E402
-from agentbatch.dashboards.charts_html import PHASE_COLOURS, SEGMENTS, UTIL_BINS, gantt_segments, label  # noqa: E402
+from agentbatch.dashboards.charts_html import (  # noqa: E402
+    ENV_COLOUR,
+    PHASE_COLOURS,
+    SEGMENTS,
+    UTIL_BINS,
+    colour,
+    gantt_segments,
+    label,
+    worker_colour,
+)
 from agentbatch.dashboards.timeline import binned_average  # noqa: E402
 
 
@@ -31,10 +40,10 @@ def gantt_png(a: BatchAnalysis, path: Path) -> Path:
     # Thick horizontal lines (one LineCollection per segment kind), not one Rectangle per bar:
     # thousands of barh patches take tens of seconds to draw.
     lw = max(0.5, min(12.0, 0.8 * 0.75 * height_in * 72 / max(len(rows), 1)))
-    for name, colour in SEGMENTS.items():
+    for name, seg_colour in SEGMENTS.items():
         s = seg[seg["segment"] == name]
         if not s.empty:
-            ax.hlines([pos[r] for r in s["row"]], s["start"], s["start"] + s["duration"], colors=colour,
+            ax.hlines([pos[r] for r in s["row"]], s["start"], s["start"] + s["duration"], colors=seg_colour,
                       label=name, linewidth=lw, capstyle="butt")
     ax.set_ylim(-1, max(len(rows), 1))
     if len(rows) <= 60:
@@ -50,11 +59,12 @@ def utilisation_png(a: BatchAnalysis, path: Path) -> Path:
     t0, t1 = a.t0 or 0.0, a.t_end or 0.0
     cap = a.capacity
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
-    for w, c in sorted(a.worker_curves.items()):
+    for i, (w, c) in enumerate(sorted(a.worker_curves.items())):
         b = binned_average(c, t0, t1, UTIL_BINS)
-        ax1.step(b["t"] - t0, b["level"] / cap.per_worker_inflight, where="post", label=f"worker {w}")
+        ax1.step(b["t"] - t0, b["level"] / cap.per_worker_inflight, where="post", label=f"worker {w}",
+                 color=worker_colour(i))
     b = binned_average(a.env_curve, t0, t1, UTIL_BINS)
-    ax1.step(b["t"] - t0, b["level"] / cap.env_slots, where="post", label="environment slots", color="#e6550d",
+    ax1.step(b["t"] - t0, b["level"] / cap.env_slots, where="post", label="environment slots", color=ENV_COLOUR,
              linewidth=2)
     ax1.set_ylabel("fraction of capacity (bin mean)")
     ax1.set_title(f"Utilisation, {label(a)}")
@@ -68,11 +78,13 @@ def utilisation_png(a: BatchAnalysis, path: Path) -> Path:
 
 def completion_png(analyses: list[BatchAnalysis], path: Path) -> Path:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for a in analyses:
+    for i, a in enumerate(analyses):
         f = np.sort(a.samples["finished_at"].dropna().to_numpy()) - (a.t0 or 0.0)
-        ax1.step(f, np.arange(1, len(f) + 1) / max(len(a.samples), 1), where="post", label=label(a))
+        ax1.step(np.append(0.0, f), np.arange(0, len(f) + 1) / max(len(a.samples), 1), where="post", label=label(a),
+                 color=colour(i))
         lat = a.latency.to_numpy()
-        ax2.step(lat, np.arange(1, len(lat) + 1) / max(len(lat), 1), where="post", label=label(a))
+        ax2.step(np.append(lat[:1], lat), np.arange(0, len(lat) + 1) / max(len(lat), 1), where="post",
+                 label=label(a), color=colour(i))
     ax1.axhline(0.9, color="grey", linestyle=":", linewidth=1)
     ax1.axhline(0.99, color="grey", linestyle=":", linewidth=1)
     ax1.set_title("Samples done over time (tail)")

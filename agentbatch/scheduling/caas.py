@@ -29,7 +29,7 @@ class CaasQueue(QueuePolicy):
         if max_wait_s is not None and max_wait_s < 0:
             raise ValueError("max_wait_s must be >= 0 or None")
         self.max_wait_s = max_wait_s
-        self._heap: list[tuple[tuple, int, StepTicket]] = []
+        self._heap: list[tuple] = []  # (*key, seq, ticket): flat, so comparisons stay shallow
         self._fifo: deque[StepTicket] = deque()  # push order, for the aging guard
         self._gone: set[int] = set()  # seqs popped by the other structure (or removed)
         self._n = 0
@@ -40,7 +40,7 @@ class CaasQueue(QueuePolicy):
         return (-s.steps_done, -s.attained_s, s.arrival_seq)
 
     def _push(self, ticket: StepTicket) -> None:
-        heapq.heappush(self._heap, (self.key(ticket), ticket.seq, ticket))
+        heapq.heappush(self._heap, (*self.key(ticket), ticket.seq, ticket))
         if self.max_wait_s is not None:
             self._fifo.append(ticket)
         self._n += 1
@@ -64,7 +64,8 @@ class CaasQueue(QueuePolicy):
                 return oldest
         heap, gone = self._heap, self._gone
         while True:
-            _, seq, ticket = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            seq, ticket = entry[-2], entry[-1]
             if seq in gone:
                 gone.discard(seq)
                 continue
@@ -77,7 +78,7 @@ class CaasQueue(QueuePolicy):
 
     def remove(self, ticket: StepTicket) -> bool:
         # Tickets are marked gone once per structure that still holds them.
-        if ticket.seq in self._gone or not any(t is ticket for _, _, t in self._heap):
+        if ticket.seq in self._gone or not any(e[-1] is ticket for e in self._heap):
             return False
         self._gone.add(ticket.seq)
         if self.max_wait_s is not None:

@@ -36,10 +36,17 @@ The reasoning, in four steps (every step becomes a row of `Plan.rows`, with its 
 4. **Reference concurrency** N_ref = min(N_mem, N_busy, batch size): as many samples as keep the GPU
    busy, no more than fit cached. Expected recompute at concurrency N: the mean overflow
    E[max(0, demand - C)] (normal approximation) is taken from the least recently used caches, which
-   are those of samples waiting in the environment; the evicted fraction of their bytes is the
-   probability that a returning sample recomputes its context (for a hybrid model, losing either its
-   KV or its state checkpoint means recomputing the whole context). Add the block/2 tail that block-
-   aligned prefix caching always recomputes.
+   are those of samples waiting in the environment, a fraction e of their bytes. LRU evicts by age:
+   a returning sample lost its cache iff its wait exceeded the age tau with E[(W - tau)+] / E[W] = e
+   (`returning_evicted`; with heavy-tailed environment times the few long waits absorb most
+   evictions). For a hybrid model losing either the KV or the state checkpoint means recomputing
+   the whole context. Add the block/2 tail that block-aligned prefix caching always recomputes.
+5. **Recompute against batch size.** When memory binds (N_busy > N_mem) and the workload's output
+   and new tokens per step are known, admitting past N_mem can still pay: a bigger running batch
+   speeds every decode iteration, while an evicted context costs one (compute-bound) prefill. The
+   predicted goodput R / (t_decode(R) + t_prefill x R x (new + recompute(N)) / out), R = (1 - f) N,
+   picks N_goodput = the smallest N in [N_mem, N_busy] within 2 % of its maximum, and N_ref uses it
+   in place of N_mem (`EngineOptions.allow_recompute=False` keeps the strict no-eviction N_mem).
 
 SGLang sizes its state pool by the balance point r* = (S + D) x token_equiv / L (S state slots per
 running request, D draft tokens, token_equiv = s / kv, L the mean context): a split for requests
@@ -318,6 +325,7 @@ class Plan:
     state_pool_bytes: int
     recompute_tokens_per_step: float
     recompute_ratio: float
+    n_goodput: int | None = None  # the recompute-aware pick, when the workload allows it
     rows: list[Row] = field(default_factory=list)
     vllm_args: dict[str, Any] = field(default_factory=dict)
     sglang_args: dict[str, Any] = field(default_factory=dict)
@@ -500,7 +508,7 @@ def returning_evicted(evicted_bytes_fraction: float, env_durations: Sequence[flo
     e = min(1.0, max(0.0, evicted_bytes_fraction))
     if not env_durations or e in (0.0, 1.0):
         return e
-    model = _age_model(tuple(env_durations))
+    model = _age_model(env_durations if isinstance(env_durations, tuple) else tuple(env_durations))
     if model is None:
         return e
     g, p_gt = model
@@ -679,7 +687,14 @@ def plan(
     add(Row("env fraction f", "time waiting on the environment / sample life", f, "ratio"))
     add(Row("shared prefix P", "stored once for all samples", prefix, "tokens"))
     dem = _Demand(
-        kv, s_pad, mu - prefix + bs / 2, sigma, prefix, shape.is_hybrid, opts.states_per_running, wl.prefix_groups
+        kv,
+        s_pad,
+        mu - prefix + bs / 2,
+        sigma,
+        prefix,
+        shape.is_hybrid,
+        opts.states_per_running,
+        wl.prefix_groups,
     )
     add(
         Row(
@@ -722,6 +737,7 @@ def plan(
     n_busy = math.ceil(b_busy / (1 - f))
     add(Row("N_busy", "ceil(B_busy / (1 - f))", n_busy, "samples"))
     tail = bs / 2
+    n_good: int | None = None
     candidates = {"memory": n_mem, "busy": n_busy}
     n_cap = min(n_busy, wl.num_samples or n_busy)
     if opts.allow_recompute and n_cap > n_mem and wl.output_tokens and wl.new_tokens is not None:
@@ -731,7 +747,9 @@ def plan(
             n_mem,
             n_cap,
             gp,
-            lambda n: _recompute_at(n, dem, cache, f, tail, mu, wl.env_durations)["recompute_tokens_per_step"],
+            lambda n: _recompute_at(n, dem, cache, f, tail, mu, wl.env_durations)[
+                "recompute_tokens_per_step"
+            ],
             lambda n: not _recompute_at(n, dem, cache, f, tail, mu, wl.env_durations)["running_overflows"],
             opts.goodput_tolerance,
         )
@@ -754,8 +772,12 @@ def plan(
     add(
         Row(
             "reference concurrency N_ref",
-            "min(" + ", ".join({"memory": "N_mem", "goodput": "N_goodput", "busy": "N_busy", "batch": "batch"}[k]
-                               for k in candidates) + ")",
+            "min("
+            + ", ".join(
+                {"memory": "N_mem", "goodput": "N_goodput", "busy": "N_busy", "batch": "batch"}[k]
+                for k in candidates
+            )
+            + ")",
             n_ref,
             "samples",
             f"bound by {binding}",
@@ -790,8 +812,16 @@ def plan(
     )
     add(
         Row(
+            "returns finding their cache evicted",
+            "P(W > tau), E[(W - tau)+] / E[W] = evicted (LRU by age; = evicted without env durations)",
+            at["returning_evicted"],
+            "ratio",
+        )
+    )
+    add(
+        Row(
             "recompute per inference step",
-            "evicted x (mu - P) + block/2 (aligned-prefix tail)",
+            "returns evicted x (mu - P) + block/2 (aligned-prefix tail)",
             at["recompute_tokens_per_step"],
             "tokens/step",
         )
@@ -844,7 +874,7 @@ def plan(
             {
                 "--max-running-requests": m_sg,
                 "--max-mamba-cache-size": slots,
-                "--mamba-full-memory-ratio": round(ratio, 4),
+                "--mamba-full-memory-ratio": round(ratio, 4) if math.isfinite(ratio) else None,
             }
         )
         add(
@@ -909,6 +939,7 @@ def plan(
         state_pool_bytes=int(state_pool),
         recompute_tokens_per_step=at["recompute_tokens_per_step"],
         recompute_ratio=at["recompute_ratio"],
+        n_goodput=n_good,
         rows=rows,
         vllm_args=vllm,
         sglang_args=sglang,
@@ -996,9 +1027,17 @@ def reference_concurrency(
     n_cap = min(n_busy, wl.num_samples or n_busy)
     bounds: dict[str, float] = {"n_mem": n_mem, "n_busy": n_busy, "b_busy": b_busy}
     n_ref = min(n_mem, n_cap)
-    if allow_recompute and cost is not None and n_cap > n_mem and wl.output_tokens and wl.new_tokens is not None:
+    if (
+        allow_recompute
+        and cost is not None
+        and n_cap > n_mem
+        and wl.output_tokens
+        and wl.new_tokens is not None
+    ):
         c = cost
-        gp = _Goodput(lambda r: c.decode_step(r, mu), c.c_prefill, wl.output_tokens, wl.new_tokens, f, cap_run)
+        gp = _Goodput(
+            lambda r: c.decode_step(r, mu), c.c_prefill, wl.output_tokens, wl.new_tokens, f, cap_run
+        )
         tail = block_size / 2
         n_good, g_at, g_best = _goodput_pick(
             n_mem,
@@ -1008,6 +1047,8 @@ def reference_concurrency(
             running_ok,
             goodput_tolerance,
         )
-        bounds.update(n_goodput=n_good, goodput_tok_s=g_at, goodput_best_tok_s=g_best, goodput_at_n_mem=gp(n_mem, tail))
+        bounds.update(
+            n_goodput=n_good, goodput_tok_s=g_at, goodput_best_tok_s=g_best, goodput_at_n_mem=gp(n_mem, tail)
+        )
         n_ref = max(n_ref, n_good)
     return max(1, n_ref), bounds

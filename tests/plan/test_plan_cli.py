@@ -218,3 +218,28 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], s
 def test_weights_too_big_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "--model", "ring-flash-linear-2.0", "--gpu-mem-gib", "80", *STATS)
     assert code == 2 and "no memory left for caches" in err
+
+
+def test_goodput_pick_from_token_counts(capsys: pytest.CaptureFixture[str]) -> None:
+    base = [
+        "--model",
+        "llama-3-8b",
+        "--gpu-mem-gib",
+        "80",
+        "--mean-context",
+        "16000",
+        "--p95-context",
+        "40000",
+        "--env-fraction",
+        "0.7",
+        "--shared-prefix",
+        "2400",
+        "--json",
+    ]
+    code, out, _ = run(capsys, *base)
+    strict = json.loads(out)
+    assert code == 0 and strict["n_goodput"] is None and strict["reference_concurrency"] == strict["n_mem"]
+    code, out, _ = run(capsys, *base, "--output-tokens", "200", "--new-tokens", "600")
+    doc = json.loads(out)
+    assert code == 0 and doc["n_goodput"] is not None
+    assert doc["n_mem"] <= doc["reference_concurrency"] <= doc["n_busy"]

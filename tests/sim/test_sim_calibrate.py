@@ -27,7 +27,7 @@ BASE = get_profile(
 )
 
 
-def _measured(n: int = 300, seed: int = 0, workers: int = 1) -> list[dict]:
+def _measured(n: int = 300, seed: int = 0, workers: int = 1, true=TRUE) -> list[dict]:
     rng = random.Random(seed)
     system = list(range(1000))
     records = []
@@ -37,7 +37,7 @@ def _measured(n: int = 300, seed: int = 0, workers: int = 1) -> list[dict]:
             t += rng.expovariate(4.0 if i % 50 < 25 else 0.5)  # bursts and lulls: varied batch sizes
             prompt = system + list(range(10_000 * (i + 1), 10_000 * (i + 1) + rng.randrange(50, 4000)))
             arrivals.append((t, SimRequest(f"w{w}-r{i}", i, prompt, rng.randrange(2, 600))))
-        for s in drive(TRUE, arrivals).stats:
+        for s in drive(true, arrivals).stats:
             records.append(
                 {
                     "prompt_tokens": s.prompt_tokens,
@@ -74,6 +74,19 @@ def test_fit_recovers_the_coefficients_from_split_timings(measured):
     assert fit.rel_rms < fit.rel_rms_base / 5
     assert fit.profile.num_kv_blocks == BASE.num_kv_blocks  # memory settings are the base's
     assert "c_prefill" in fit.to_text()
+
+
+def test_fit_of_the_hybrid_moe_profile_keeps_its_expert_read_term():
+    true = get_profile("ling-flash-2.0-h200")
+    base = get_profile(
+        "ling-flash-2.0-h200",
+        cost={"c0": 0.006, "c_prefill": 3e-5, "c_decode": 1e-4, "c_attn": 5e-9, "c_prefill_attn": 3e-10},
+    )
+    fit = fit_cost_model(timings_from_records(_measured(n=200, seed=1, true=true)), base)
+    assert _close(fit.coefficients["c0"], true.cost.c0, 0.2)
+    assert _close(fit.coefficients["c_prefill"], true.cost.c_prefill, 0.2)
+    assert fit.profile.cost.moe_weight_s == true.cost.moe_weight_s  # fixed, not fitted
+    assert fit.mape < 0.05
 
 
 def test_fit_from_total_latency_only_beats_the_base(measured):

@@ -257,7 +257,9 @@ def render(p: Plan, shape: ModelShape, hw: Hardware, wl: Workload) -> str:
         p.table(),
         "",
         f"Reference sample concurrency: {p.reference_concurrency} (bound by {p.binding}; "
-        f"N_mem={p.n_mem}, N_busy={p.n_busy}); admission limit max_active_samples={p.max_active_samples}",
+        f"N_mem={p.n_mem}, N_busy={p.n_busy}"
+        + (f", N_goodput={p.n_goodput}" if p.n_goodput is not None else "")
+        + f"); admission limit max_active_samples={p.max_active_samples}",
         f"Expected recompute at N_ref: {p.recompute_tokens_per_step:,.0f} tokens per inference step "
         f"({100 * p.recompute_ratio:.2f} % of prompt tokens)",
         "",
@@ -268,13 +270,14 @@ def render(p: Plan, shape: ModelShape, hw: Hardware, wl: Workload) -> str:
         *("  - " + line for line in p.comparison),
         "",
         "Recompute as a function of concurrency:",
-        f"  {'N':>7}  {'cache demand':>12}  {'evicted':>8}  {'recompute/step':>14}  {'rate':>7}",
+        f"  {'N':>7}  {'cache demand':>12}  {'evicted':>8}  {'returns hit':>11}  {'recompute/step':>14}  {'rate':>7}",
     ]
     for c in p.recompute_curve:
         mark = "  <- N_ref" if c["concurrency"] == p.reference_concurrency else ""
         mark += "  (running set alone overflows: preemption)" if c["running_overflows"] else ""
         out.append(
             f"  {c['concurrency']:>7,.0f}  {c['demand_gib']:>8,.1f} GiB  {c['evicted_fraction']:>8.3f}  "
+            f"{c['returning_evicted']:>11.3f}  "
             f"{c['recompute_tokens_per_step']:>14,.0f}  {100 * c['recompute_ratio']:>6.2f}%{mark}"
         )
     if p.notes:
@@ -382,8 +385,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     w.add_argument("--peak-context", type=int, help="longest context a sample reaches (sets --max-model-len)")
     w.add_argument("--num-samples", type=int, help="batch size (an upper bound on concurrency)")
-    w.add_argument("--output-tokens", type=float, help="mean output tokens per inference step (enables the goodput pick)")
-    w.add_argument("--new-tokens", type=float, help="mean new prompt tokens per step (observations; goodput pick)")
+    w.add_argument(
+        "--output-tokens", type=float, help="mean output tokens per inference step (enables the goodput pick)"
+    )
+    w.add_argument(
+        "--new-tokens", type=float, help="mean new prompt tokens per step (observations; goodput pick)"
+    )
     w.add_argument("--prefix-groups", type=int, help="distinct shared prefixes (each stored once; default 1)")
     w.add_argument(
         "--decode-tokens-per-s",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from agentbatch.tasks.engines.sim.profiles import CostModel, EngineProfile
+from agentbatch.tasks.engines.sim.profiles import EngineProfile
 
 COEFFS = ("c0", "c_prefill", "c_decode", "c_attn", "c_prefill_attn")
 REQUIRED = ("prompt_tokens", "output_tokens", "started_at", "finished_at")
@@ -172,12 +172,28 @@ class _Phases:
         return window
 
 
-def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X, y, phase) with one row per request phase; phase 0 = decode, 1 = prefill, 2 = whole request."""
+def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(X, y, phase, fixed): one row per request phase (phase 0 = decode, 1 = prefill, 2 = whole
+    request) and the fixed MoE expert-read part of each row's y (from the base cost model)."""
     rows: list[np.ndarray] = []
     ys: list[float] = []
     phases: list[int] = []
+    fixed: list[float] = []
     budget = float(base.max_num_batched_tokens)
+    cost = base.cost
+
+    def moe(tokens: float) -> float:  # expert-weight read of one step with `tokens` tokens
+        if not cost.moe_weight_s:
+            return 0.0
+        return cost.moe_weight_s * (1.0 - (1.0 - cost.moe_active_frac) ** tokens)
+
+    def moe_steps(n_it: float, seqs: float, prefill: float, chunk: float) -> float:
+        """n_it steps with `seqs` decoding sequences; the `prefill` tokens of the window come in
+        chunks of about `chunk` tokens, each in one step (a concave term: do not average it)."""
+        k = min(n_it, max(1.0, np.ceil(prefill / chunk))) if prefill > 0 else 0.0
+        with_prefill = k * moe(prefill / k + seqs) if k else 0.0
+        return with_prefill + (n_it - k) * moe(seqs)
+
     for w in np.unique(t.worker):
         idx = np.flatnonzero(t.worker == w)
         queue = np.nan_to_num(t.queue[idx], nan=0.0)
@@ -186,6 +202,7 @@ def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray
         first_tok = np.where(known, sched + np.nan_to_num(t.prefill[idx]), sched)
         fin = t.finish[idx]
         new = np.clip(t.prompt[idx] - t.cached[idx], 1.0, None)
+        chunk = float(min(budget, max(1.0, new.mean())))
         pairs = new * t.cached[idx] + new * (new + 1) / 2
         ctx_mid = t.prompt[idx] + t.output[idx] / 2  # mean context of a decoding sequence
         pre_len = np.clip(first_tok - sched, 1e-9, None)
@@ -200,6 +217,7 @@ def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray
                 dec, att, ptok, ppairs = window(first_tok[j], fin[j])
                 rows.append(np.array([1.0, ptok / n_it, dec + 1.0, att + ctx_mid[j], ppairs / n_it]))
                 ys.append(float(t.decode[idx[j]] / n_it))
+                fixed.append(moe_steps(n_it, dec + 1.0, ptok, chunk) / n_it)
                 phases.append(0)
             if known[j] and t.prefill[idx[j]] > 0:
                 dec, att, ptok, ppairs = window(sched[j], first_tok[j])
@@ -207,6 +225,7 @@ def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray
                 n_it = max(1.0, np.ceil(tokens / budget))
                 rows.append(np.array([n_it, tokens, dec * n_it, att * n_it, pairs[j] + ppairs]))
                 ys.append(float(t.prefill[idx[j]]))
+                fixed.append(n_it * moe(tokens / n_it + dec))
                 phases.append(1)
             if not known[j]:  # only the total latency: prefill step(s) + out - 1 decode steps
                 total = fin[j] - sched[j]
@@ -215,31 +234,22 @@ def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray
                 dec, att, ptok, ppairs = window(sched[j], fin[j])
                 n_pre = max(1.0, np.ceil(new[j] / budget))
                 n_it = n_pre + out[j] - 1
-                rows.append(
-                    np.array(
-                        [
-                            n_it,
-                            new[j] + ptok,
-                            (dec + 1.0) * n_it - n_pre,
-                            (att + ctx_mid[j]) * n_it,
-                            pairs[j] + ppairs,
-                        ]
-                    )
-                )
+                x = [
+                    n_it,
+                    new[j] + ptok,
+                    (dec + 1.0) * n_it - n_pre,
+                    (att + ctx_mid[j]) * n_it,
+                    pairs[j] + ppairs,
+                ]
+                rows.append(np.array(x))
                 ys.append(float(total))
+                fixed.append(
+                    n_pre * moe(new[j] / n_pre + dec) + moe_steps(n_it - n_pre, dec + 1.0, ptok, chunk)
+                )
                 phases.append(2)
     if not rows:
         raise ValueError("no request has a measurable phase (decode_s, prefill_s or a positive latency)")
-    return np.vstack(rows), np.array(ys), np.array(phases)
-
-
-def moe_term(X: np.ndarray, cost: CostModel) -> np.ndarray:
-    """The fixed expert-weight read of each row (n_iterations x the share a mean step touches)."""
-    if not cost.moe_weight_s:
-        return np.zeros(len(X))
-    n_it = np.clip(X[:, 0], 1e-9, None)
-    tokens = (X[:, 1] + X[:, 2]) / n_it
-    return n_it * cost.moe_weight_s * (1.0 - (1.0 - cost.moe_active_frac) ** tokens)
+    return np.vstack(rows), np.array(ys), np.array(phases), np.array(fixed)
 
 
 def _solve(X: np.ndarray, y: np.ndarray, fixed: np.ndarray, prior: np.ndarray, strength: float) -> np.ndarray:
@@ -266,9 +276,8 @@ def _solve(X: np.ndarray, y: np.ndarray, fixed: np.ndarray, prior: np.ndarray, s
 
 
 def fit_cost_model(t: Timings, base: EngineProfile, *, prior_strength: float = 1e-3) -> FitResult:
-    X, y, phase = design_rows(t, base)
+    X, y, phase, fixed = design_rows(t, base)
     prior = np.array([getattr(base.cost, k) for k in COEFFS])
-    fixed = moe_term(X, base.cost)
     c = _solve(X, y, fixed, prior, prior_strength)
     pred = X @ c + fixed
     rel = (pred - y) / y

@@ -127,7 +127,7 @@ class _Req:
         "state", "num_computed", "num_tokens", "gen", "node", "tree_blocks", "private", "junk",
         "has_slot", "base_iter", "base_computed", "gen_at_base", "version", "high_water",
         "first_sched", "first_token", "cached", "recomputed", "preemptions", "looked_up",
-        "prev_common", "no_insert", "finish_iter",
+        "prev_common", "no_insert", "finish_iter", "first_block_iter", "private_base",
     )  # fmt: skip
 
     def __init__(self, req: SimRequest, hashes: list[int], prev_common: int, now: float, seq: int) -> None:
@@ -163,6 +163,8 @@ class _Req:
         self.prev_common = prev_common  # full blocks shared with this sample's previous prompt
         self.no_insert = False
         self.finish_iter = 0
+        self.first_block_iter = 0  # first decode step that needs a new block (then every block_size)
+        self.private_base = 0  # private blocks when decoding began
 
 
 @dataclass
@@ -206,8 +208,12 @@ class EngineModel:
         self._decode: set[_Req] = set()
         self._prefill: list[_Req] = []  # running partial prefills, admission order
         self._decode_ctx_base = 0  # sum over decoding seqs of (base_computed - base_iter + 1)
-        # (iteration, kind 0=needs a block 1=finishes, seq, version, request)
-        self._events: list[tuple[int, int, int, int, _Req]] = []
+        # decoding requests finish at known steps: (iteration, seq, version, request)
+        self._events: list[tuple[int, int, int, _Req]] = []
+        # decoding requests need a new block every block_size steps: grouped by step modulo block_size,
+        # so a step finds those that need one without looking at the others
+        self._due: list[set[_Req]] = [set() for _ in range(profile.block_size)]
+        self._alloc_iter = -1
         self._live: dict[str, _Req] = {}  # request id -> request, until it finishes
         # memory
         self._root = _Node([], None)
@@ -276,25 +282,20 @@ class EngineModel:
         scheduled: list[tuple[_Req, int, int]] = []  # (req, tokens, version)
         pairs = 0
 
-        # 1. Decoding sequences that cross a block boundary this step need one more block.
-        ev = self._events
-        while ev and (ev[0][0] < it or (ev[0][0] == it and ev[0][1] == 0)):
-            _, kind, _, ver, r = heapq.heappop(ev)
-            if ver != r.version or r.state != _DECODE:
-                continue
-            if kind == 1:  # a stale finish of an earlier step cannot happen: finishes are consumed
-                raise AssertionError("finish event left behind")
-            while not self._alloc(1):
-                victim = self._victim()
-                self._preempt(victim, it)
-                preempted += 1
-                if victim is r:
-                    break
-            else:
-                r.private += 1
-                nxt = it + bs
-                if nxt <= r.finish_iter:
-                    heapq.heappush(ev, (nxt, 0, next(self._seq), r.version, r))
+        # 1. Decoding sequences that cross a block boundary this step need one more block each.
+        due = self._due[it % bs]
+        if due:
+            need = len(due)
+            if need > self._free():
+                # not enough memory: preempt (newest / lowest priority first) until the rest fit
+                while due and len(due) > self._free():
+                    self._preempt(self._victim(), it)
+                    preempted += 1
+                need = len(due)
+            if need:
+                ok = self._alloc(need)
+                assert ok
+        self._alloc_iter = it  # from here on, this step's decode blocks are taken
         budget -= len(self._decode)
 
         # 2. Running partial prefills continue, in admission order.
@@ -384,12 +385,11 @@ class EngineModel:
                 finished.append(self._finish(r, end))
             else:
                 self._enter_decode(r, it + 1)
-        while ev and ev[0][0] == it:
-            _, kind, _, ver, r = heapq.heappop(ev)
+        ev = self._events
+        while ev and ev[0][0] <= it:
+            _, _, ver, r = heapq.heappop(ev)
             if ver != r.version or r.state != _DECODE:
                 continue
-            if kind == 0:
-                raise AssertionError("block event left behind")
             self._leave_decode(r, it + 1)
             r.gen = r.out
             r.num_tokens = r.prompt_len + r.gen
@@ -575,7 +575,7 @@ class EngineModel:
 
     def _preempt(self, r: _Req, it: int) -> None:
         if r.state == _DECODE:
-            self._leave_decode(r, it)
+            self._leave_decode(r, it, it + 1 if self._alloc_iter == it else it)
         else:
             self._prefill.remove(r)
         r.high_water = max(r.high_water, r.num_computed)
@@ -639,25 +639,35 @@ class EngineModel:
         r.base_iter = base_iter
         r.base_computed = r.num_computed
         r.gen_at_base = r.gen
+        r.private_base = r.private
         self._decode.add(r)
         self._decode_ctx_base += r.base_computed - base_iter + 1
-        seq = next(self._seq)
         r.finish_iter = f = base_iter + (r.out - r.gen) - 1
-        heapq.heappush(self._events, (f, 1, seq, r.version, r))
-        nb = r.tree_blocks + r.private
-        b = base_iter + nb * self.bs - r.base_computed
+        heapq.heappush(self._events, (f, next(self._seq), r.version, r))
+        # step base_iter + k computes position base_computed + k: a new block when that is a multiple
+        # of block_size beyond the blocks held
+        r.first_block_iter = b = base_iter + (r.tree_blocks + r.private) * self.bs - r.base_computed
         if b <= f:
-            heapq.heappush(self._events, (b, 0, seq, r.version, r))
+            self._due[b % self.bs].add(r)
 
-    def _leave_decode(self, r: _Req, at_iter: int) -> None:
-        """Bring a decoding request's lazy counters up to the start of step `at_iter`."""
+    def _leave_decode(self, r: _Req, at_iter: int, blocks_upto: int | None = None) -> None:
+        """Bring a decoding request's lazy counters up to the start of step `at_iter` (its blocks
+        up to `blocks_upto`, when the step already gave it its block)."""
         done = at_iter - r.base_iter
         r.num_computed = r.base_computed + done
         r.gen = r.gen_at_base + done
         r.num_tokens = r.prompt_len + r.gen
+        r.private = r.private_base + self._blocks_taken(r, at_iter if blocks_upto is None else blocks_upto)
         self._decode.discard(r)
+        self._due[r.first_block_iter % self.bs].discard(r)
         self._decode_ctx_base -= r.base_computed - r.base_iter + 1
         r.version += 1
+
+    def _blocks_taken(self, r: _Req, at_iter: int) -> int:
+        """Blocks a decoding request took in steps [base_iter, at_iter)."""
+        last = min(at_iter, r.finish_iter + 1)
+        b = r.first_block_iter
+        return 0 if last <= b else (last - b - 1) // self.bs + 1
 
     def _add_recompute(self, r: _Req, tokens: int) -> None:
         if tokens > 0:
@@ -729,7 +739,8 @@ class EngineModel:
                 break
             run = child.hashes
             end = min(pos + len(run), limit)
-            if hashes[pos:end] == run[: end - pos]:
+            # chained hashes: equal at the last block of the span means equal all along it
+            if hashes[end - 1] == run[end - pos - 1]:
                 if end - pos < len(run):
                     return end
                 pos = end
@@ -882,7 +893,8 @@ class EngineModel:
                 ref += len(child.hashes) if child.ref else 0
                 stack.append(child)
         running = list(self._decode) + self._prefill
-        private = sum(r.private for r in running)
+        private = sum(r.private for r in self._prefill)
+        private += sum(r.private_base + self._blocks_taken(r, self._iter) for r in self._decode)
         assert tree == self._tree_blocks, (tree, self._tree_blocks)
         assert ref == self._ref_blocks, (ref, self._ref_blocks)
         assert private == self._private_blocks, (private, self._private_blocks)

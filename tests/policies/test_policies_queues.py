@@ -1,0 +1,88 @@
+"""CAAS and history-aware CAAS queues on hand-made cases."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agentbatch.scheduling.caas import CaasHistoryQueue, CaasQueue
+from agentbatch.scheduling.registry import make_queue
+from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
+
+
+def ticket(sid: int, steps: int = 0, attained: float = 0.0, arrival: int | None = None, at: float = 0.0,
+           prior: float | None = None) -> StepTicket:
+    s = SampleProgress(sample_id=sid, task_id=f"t{sid}", arrival_seq=sid if arrival is None else arrival,
+                       steps_done=steps, attained_s=attained, prior_chain_steps=prior)
+    return StepTicket(sample=s, kind=StepKind.ENVIRONMENT, step_index=steps, enqueued_at=at)
+
+
+def drain(q, now: float = 0.0) -> list[int]:
+    return [q.pop(now).sample.sample_id for _ in range(len(q))]
+
+
+def test_caas_orders_by_steps_then_attained_then_arrival() -> None:
+    q = CaasQueue(max_wait_s=None)
+    for t in [ticket(1, steps=3), ticket(2, steps=5), ticket(3, steps=1), ticket(4, steps=3, attained=9.0),
+              ticket(5, steps=3, arrival=0), ticket(6, steps=5)]:
+        q.push(t)
+    # 2 and 6: 5 steps (arrival 2 before 6); then 3 steps: 4 (more attained), 5 (arrival 0), 1; then 3
+    assert drain(q) == [2, 6, 4, 5, 1, 3]
+
+
+def test_caas_aging_guard_serves_a_starving_ticket_first() -> None:
+    q = CaasQueue(max_wait_s=10.0)
+    q.push(ticket(1, steps=0, at=0.0))  # little progress: would wait behind everyone
+    for sid in range(2, 6):
+        q.push(ticket(sid, steps=10, at=1.0))
+    assert q.pop(5.0).sample.sample_id == 2  # not yet starving: progress order
+    assert q.pop(10.5).sample.sample_id == 1  # waited 10.5 s > 10 s: goes first
+    assert q.aged_pops == 1
+    assert drain(q, 10.5) == [3, 4, 5]  # the aged ticket is not served twice
+    assert len(q) == 0
+
+
+def test_caas_remove_and_len() -> None:
+    q = CaasQueue()
+    ts = [ticket(i, steps=i) for i in range(5)]
+    for t in ts:
+        q.push(t)
+    assert q.remove(ts[4]) and not q.remove(ts[4])
+    assert len(q) == 4
+    assert drain(q) == [3, 2, 1, 0]
+    with pytest.raises(IndexError):
+        q.pop(0.0)
+
+
+def test_caas_matches_a_sort_at_scale() -> None:
+    rng = random.Random(7)
+    q = CaasQueue(max_wait_s=None)
+    ts = [ticket(i, steps=rng.randint(0, 30), attained=round(rng.random() * 10, 1)) for i in range(10_000)]
+    for t in ts:
+        q.push(t)
+    expect = [t.sample.sample_id for t in sorted(ts, key=lambda t: (-t.sample.steps_done, -t.sample.attained_s,
+                                                                    t.sample.arrival_seq))]
+    assert drain(q) == expect
+
+
+def test_history_caas_longest_expected_remaining_first_unknown_last() -> None:
+    q = CaasHistoryQueue(max_wait_s=None)
+    q.push(ticket(1, steps=10, prior=12))  # 2 left
+    q.push(ticket(2, steps=2, prior=40))  # 38 left
+    q.push(ticket(3, steps=20))  # no prior: after those with one, by observed progress
+    q.push(ticket(4, steps=5))
+    q.push(ticket(5, steps=30, prior=20))  # ran past its prior: 0 left
+    assert drain(q) == [2, 1, 5, 3, 4]
+    q = CaasHistoryQueue(max_wait_s=None, unknown_last=False)
+    q.push(ticket(1, steps=10, prior=12))
+    q.push(ticket(3, steps=20))
+    assert drain(q) == [3, 1]
+
+
+def test_registry_builds_queues_with_params() -> None:
+    q = make_queue("caas", max_wait_s=5.0)
+    assert isinstance(q, CaasQueue) and q.max_wait_s == 5.0
+    assert isinstance(make_queue("caas_history"), CaasHistoryQueue)
+    with pytest.raises(ValueError, match="unknown queue policy"):
+        make_queue("nope")
