@@ -4,7 +4,8 @@
 # Idempotent: a complete venv and an existing model are kept. vLLM's pins (torch==2.13.0+cpu,
 # transformers, ...) must not touch the main .venv, hence the separate environment.
 # Env: VLLM_VENV (default .venv-vllm), TINY_MODEL_DIR (default .cache/tiny-llama),
-#      PYTHON (interpreter for the venv, default python3).
+#      PYTHON (interpreter for the venv, default python3),
+#      TINY_HYBRID=1 also builds the tiny hybrid (Qwen3-Next) into .cache/tiny-qwen3-next.
 set -euo pipefail
 
 VENV="${VLLM_VENV:-.venv-vllm}"
@@ -50,4 +51,9 @@ else
 fi
 t2=$(date +%s)
 stamp "model ready in $((t2 - t1)) s, size $(du -sh "$MODEL_DIR" | cut -f1)"
+if [[ "${TINY_HYBRID:-0}" == "1" && ! -f .cache/tiny-qwen3-next/config.json ]]; then
+    stamp "building tiny hybrid model into .cache/tiny-qwen3-next"
+    "$VENV/bin/python" agentbatch/tasks/engines/tiny_model.py --arch qwen3_next --out .cache/tiny-qwen3-next
+    t2=$(date +%s)
+fi
 stamp "total $((t2 - t0)) s"

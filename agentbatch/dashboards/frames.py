@@ -49,6 +49,37 @@ class BatchData:
     workers: pd.DataFrame = field(default_factory=pd.DataFrame)  # name, kind
 
 
+def _normalize(samples: pd.DataFrame, steps: pd.DataFrame) -> None:
+    """Same dtypes whatever the driver: NULLs come back as None in object columns on some."""
+    for col in ("admitted_at", "finished_at", "score", "steps_done"):
+        samples[col] = pd.to_numeric(samples[col], errors="coerce").astype("float64")
+    for col in _FLOAT_STEP_COLUMNS + _NUMERIC_STEP_COLUMNS:
+        steps[col] = pd.to_numeric(steps[col], errors="coerce").astype("float64")
+    for col in ("task_id", "status", "last_worker"):
+        samples[col] = samples[col].astype(object)
+    for col in ("kind", "status", "worker"):
+        steps[col] = steps[col].astype(object)
+
+
+def batch_from_frames(samples: pd.DataFrame, steps: pd.DataFrame, *, config: dict[str, Any] | None = None,
+                      name: str = "batch", batch_id: int = 0, status: str = "completed") -> BatchData:
+    """A BatchData from frames with the store's column names (e.g. a virtual-time replay), so the
+    same analytics and report apply without a store. Missing optional columns are filled with NULL."""
+    samples = samples.copy()
+    steps = steps.copy()
+    for col in SAMPLE_COLUMNS:
+        if col not in samples:
+            samples[col] = None
+    for col in STEP_COLUMNS:
+        if col not in steps:
+            steps[col] = None
+    samples, steps = samples[list(SAMPLE_COLUMNS)], steps[list(STEP_COLUMNS)]
+    _normalize(samples, steps)
+    return BatchData(batch_id=batch_id, name=name, status=status, config=dict(config or {}), created_at=0.0,
+                     started_at=None, finished_at=None, flow_run_id=None, samples=samples, steps=steps,
+                     workers=pd.DataFrame({"name": pd.Series(dtype=object), "kind": pd.Series(dtype=object)}))
+
+
 def _read(store: Store, stmt: Any) -> pd.DataFrame:
     with store.engine.connect() as conn:
         return pd.read_sql(stmt, conn)
@@ -63,15 +94,7 @@ def load_batch(store: Store, batch_id: int) -> BatchData:
     steps = _read(store, select(*(Step.__table__.c[c] for c in STEP_COLUMNS))
                   .where(Step.batch_id == batch_id).order_by(Step.id))
     workers = _read(store, select(Worker.name, Worker.kind).where(Worker.batch_id == batch_id))
-    # NULLs come back as None in object columns on some drivers: make every number column float.
-    for col in ("admitted_at", "finished_at", "score", "steps_done"):
-        samples[col] = pd.to_numeric(samples[col], errors="coerce").astype("float64")
-    for col in _FLOAT_STEP_COLUMNS + _NUMERIC_STEP_COLUMNS:
-        steps[col] = pd.to_numeric(steps[col], errors="coerce").astype("float64")
-    for col in ("task_id", "status", "last_worker"):
-        samples[col] = samples[col].astype(object)
-    for col in ("kind", "status", "worker"):
-        steps[col] = steps[col].astype(object)
+    _normalize(samples, steps)
     return BatchData(
         batch_id=batch.id,
         name=batch.name,

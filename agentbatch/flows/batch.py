@@ -11,12 +11,15 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
 from prefect.context import FlowRunContext
 from tqdm import tqdm
 
+from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts
+from agentbatch.dashboards.report import write_report
 from agentbatch.db.models import BatchStatus, SampleStatus
 from agentbatch.db.store import Store
 from agentbatch.flows.config import BatchConfig
@@ -45,6 +48,7 @@ class BatchOutcome:
     peaks: dict[str, int] = field(default_factory=dict)
     sticky: int = 0
     moves: int = 0
+    report_path: str | None = None
 
 
 def create_batch(config: BatchConfig, store: Store) -> int:
@@ -74,7 +78,7 @@ def build_coordinator(config: BatchConfig, workers: list[str]) -> Coordinator:
 
 
 async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
-                        show_progress: bool | None = None) -> BatchOutcome:
+                        show_progress: bool | None = None, report_dir: Path | None = None) -> BatchOutcome:
     """Run the pending and interrupted samples of a batch. With use_prefect=False the same chains
     run in plain asyncio (the overhead benchmark's baseline)."""
     row = store.get_batch(batch_id)
@@ -110,6 +114,8 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     bar = tqdm(total=total, initial=total - len(todo), desc=f"batch {batch_id}", unit="sample",
                disable=None if show_progress is None else not show_progress)  # None: auto (tty only)
     counts = {SampleStatus.COMPLETED: 0, SampleStatus.FAILED: 0}
+    artifact = BatchProgressArtifact()  # the Prefect UI's progress bar (a no-op outside a flow run)
+    await artifact.start(batch_id, total)
     start = time.perf_counter()
 
     async def drive(sample) -> None:  # type: ignore[no-untyped-def]
@@ -125,6 +131,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
             status = await run_sample(batch, sample, progress, prefect_step_executor)
         counts[status] += 1
         bar.update(1)
+        await artifact.update(bar.n)
 
     try:
         await asyncio.gather(*(drive(s) for s in todo))
@@ -138,26 +145,34 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         await workload.aclose()
     failed_before = sum(1 for s in store.samples(batch_id, statuses=[SampleStatus.FAILED]))
     store.finish_batch(batch_id, BatchStatus.COMPLETED)
+    await artifact.flush()
+    report_path = write_report(store, [batch_id], report_dir) if report_dir is not None else None
+    if use_prefect:
+        await publish_batch_artifacts(store, batch_id, report_path=report_path)
     return BatchOutcome(
         batch_id=batch_id, status=BatchStatus.COMPLETED, samples=total,
         completed=total - failed_before, failed=failed_before, wall_s=time.perf_counter() - start,
         peaks=coordinator.peaks(), sticky=coordinator.sticky, moves=coordinator.moves,
+        report_path=str(report_path) if report_path else None,
     )
 
 
 @flow(name="agentbatch-batch", task_runner=CoordinatedTaskRunner(), validate_parameters=False,
       persist_result=False, log_prints=False)
-async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = None) -> dict[str, Any]:
+async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = None,
+                     report_dir: str | None = None) -> dict[str, Any]:
     store = Store(db_url)
     try:
-        outcome = await execute_batch(store, batch_id, show_progress=show_progress)
+        outcome = await execute_batch(store, batch_id, show_progress=show_progress,
+                                      report_dir=Path(report_dir) if report_dir else None)
     finally:
         store.close()
     return outcome.__dict__
 
 
-def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None) -> BatchOutcome:
-    result = asyncio.run(batch_flow(batch_id, store.url, show_progress))
+def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None,
+             report_dir: Path | None = None) -> BatchOutcome:
+    result = asyncio.run(batch_flow(batch_id, store.url, show_progress, str(report_dir) if report_dir else None))
     return BatchOutcome(**result)
 
 
@@ -168,7 +183,8 @@ def run_batch(config: BatchConfig, store: Store, *, show_progress: bool | None =
     return batch_id
 
 
-def resume_batch(store: Store, batch_id: int, *, show_progress: bool | None = None) -> BatchOutcome:
+def resume_batch(store: Store, batch_id: int, *, show_progress: bool | None = None,
+                 report_dir: Path | None = None) -> BatchOutcome:
     if store.get_batch(batch_id) is None:
         raise ValueError(f"no batch {batch_id} in {store.url}")
-    return run_flow(store, batch_id, show_progress=show_progress)
+    return run_flow(store, batch_id, show_progress=show_progress, report_dir=report_dir)

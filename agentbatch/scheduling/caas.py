@@ -88,21 +88,33 @@ class CaasQueue(QueuePolicy):
 
 
 class CaasHistoryQueue(CaasQueue):
-    """History-aware CAAS: rank by expected remaining chain, longest first.
+    """History-aware CAAS: rank by the chain length the same task had in earlier batches.
 
-    Remaining = SampleProgress.prior_chain_steps (mean chain length of the same task in earlier
-    batches) - steps done, floored at 0. Samples without a prior come after those with one
-    (`unknown_last=True`, the default) or before them, and are ordered among themselves by observed
-    progress like plain CAAS; ties everywhere fall back to observed progress, then arrival.
+    `SampleProgress.prior_chain_steps` is the prior (mean recorded steps of the task id).
+    rank="total" (default): longest expected chain first, a static key, like LPT scheduling: the
+      ranking does not change as samples advance, so the same samples keep moving and keep their
+      prefix caches warm, while the longest chains, which set the makespan, go first.
+    rank="remaining": longest expected remaining chain first (prior - steps done, floored at 0), the
+      textbook longest-remaining-first. It rotates service between samples as each one advances
+      (the leader drops below the others), which on a KV-limited engine evicts and recomputes the
+      waiting samples' prefixes; bench/ablation.py shows the cost.
+    Samples without a prior come after those with one (`unknown_last=True`) or before them, ordered
+    among themselves by observed progress like plain CAAS; ties fall back to observed progress, then
+    arrival.
     """
 
-    def __init__(self, max_wait_s: float | None = 600.0, unknown_last: bool = True) -> None:
+    def __init__(self, max_wait_s: float | None = 600.0, unknown_last: bool = True, rank: str = "total") -> None:
         super().__init__(max_wait_s=max_wait_s)
+        if rank not in ("total", "remaining"):
+            raise ValueError(f"rank must be 'total' or 'remaining', got {rank!r}")
         self.unknown_last = unknown_last
+        self.rank = rank
 
     def key(self, ticket: StepTicket) -> tuple:
         s = ticket.sample
         if s.prior_chain_steps is None:
             return (1 if self.unknown_last else -1, 0.0, -s.steps_done, -s.attained_s, s.arrival_seq)
-        remaining = max(0.0, s.prior_chain_steps - s.steps_done)
-        return (0, -remaining, -s.steps_done, -s.attained_s, s.arrival_seq)
+        expected = s.prior_chain_steps
+        if self.rank == "remaining":
+            expected = max(0.0, expected - s.steps_done)
+        return (0, -expected, -s.steps_done, -s.attained_s, s.arrival_seq)

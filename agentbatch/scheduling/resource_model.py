@@ -3,7 +3,7 @@
 Given a model shape, a GPU and an agent workload, compute how many samples to admit at once (the
 *reference sample concurrency*) and the engine launch settings that go with it.
 
-The reasoning, in four steps (every step becomes a row of `Plan.rows`, with its formula):
+The reasoning, in five steps (every step becomes a row of `Plan.rows`, with its formula):
 
 1. **Memory for caches.** C = gpu_mem x util - weights - reserve. One token of context costs
    `kv` = attention_layers x 2 x kv_heads x head_dim x dtype bytes; one sequence's recurrent state
@@ -20,7 +20,7 @@ The reasoning, in four steps (every step becomes a row of `Plan.rows`, with its 
    running (M = p99 of Binomial(N, 1-f), the engine's max-num-seqs):
 
        demand(N) = N x [(ctx - P + block/2) x kv + s_pad] + M x (states_per_running - 1) x s_pad
-                   + P x kv (+ s_pad for the shared prefix's checkpoint, hybrid only)
+                   + groups x (P x kv (+ s_pad for the shared prefix's checkpoint, hybrid only))
 
    ctx is the context of a sample at a random moment of its life (its distribution comes from the
    trace: mean mu, standard deviation sigma), P the shared prefix, block/2 the average unfilled last

@@ -124,7 +124,10 @@ async def _attempt(batch: BatchContext, run: SampleRun, ticket: StepTicket, slot
         task_run_id=task_run_id,
     )
     try:
-        result = await asyncio.wait_for(run.env.step(assistant), timeout=batch.step_timeout_s)
+        # asyncio.timeout runs the step in this task (wait_for would start another and resume us
+        # only after every other ready callback, which a busy loop turns into seconds of "execution").
+        async with asyncio.timeout(batch.step_timeout_s):
+            result = await run.env.step(assistant)
     except TimeoutError as exc:
         store.fail_step(step_id, f"timed out after {batch.step_timeout_s} s")
         raise EnvironmentFailure(f"environment step timed out after {batch.step_timeout_s} s") from exc

@@ -119,3 +119,15 @@ def test_binned_average_matches_time_average():
     assert list(b["t"]) == [0.0, 1.0, 2.0, 3.0]
     assert list(b["level"]) == pytest.approx([1.0, 2.0, 2.5, 1.0])
     assert b["level"].mean() == pytest.approx(time_average(c, 0.0, 4.0))
+
+
+def test_batch_from_frames_gives_the_same_figures(store, known_batch):
+    from agentbatch.dashboards.frames import batch_from_frames
+
+    data = load_batch(store, known_batch(store))
+    steps = data.steps.drop(columns=["tool_calls", "output_tokens"])  # optional columns may be absent
+    a = BatchAnalysis(batch_from_frames(data.samples, steps, config=data.config, name="virtual"))
+    assert a.makespan_s == pytest.approx(14.0)
+    assert a.lower_bound.value == pytest.approx(10.0)
+    assert a.capacity.engine_workers == 2  # from the workers seen in the steps
+    assert a.phases["orchestration"] == pytest.approx(3.0)

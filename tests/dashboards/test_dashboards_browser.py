@@ -66,3 +66,16 @@ def test_console_error_detection_works(tmp_path):
     bad.write_text("<html><body><script>undefined_function_here();</script></body></html>")
     r = render(bad, dump_dom=True)
     assert any("Uncaught" in line for line in r.console_errors)
+
+
+def test_report_command_screenshot(tmp_path, capsys):
+    from agentbatch.flows.cli import main
+
+    url = f"sqlite:///{tmp_path / 'agentbatch.sqlite'}"
+    store = Store(url)
+    bid = write_batch(store, known_samples(), config=KNOWN_CONFIG, workers=("w0", "w1"))
+    store.close()
+    assert main(["report", str(bid), "--out", str(tmp_path / "r"), "--screenshot", "--db", url]) == 0
+    shot = tmp_path / "r" / "screenshot.png"
+    assert f"screenshot: {shot.resolve()}" in capsys.readouterr().out
+    assert Image.open(shot).size == (1400, 2400)

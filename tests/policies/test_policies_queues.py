@@ -66,18 +66,24 @@ def test_caas_matches_a_sort_at_scale() -> None:
     assert drain(q) == expect
 
 
-def test_history_caas_longest_expected_remaining_first_unknown_last() -> None:
-    q = CaasHistoryQueue(max_wait_s=None)
-    q.push(ticket(1, steps=10, prior=12))  # 2 left
-    q.push(ticket(2, steps=2, prior=40))  # 38 left
+def _history_case(q) -> list[int]:
+    q.push(ticket(1, steps=10, prior=12))  # total 12, 2 left
+    q.push(ticket(2, steps=2, prior=40))  # total 40, 38 left
     q.push(ticket(3, steps=20))  # no prior: after those with one, by observed progress
     q.push(ticket(4, steps=5))
-    q.push(ticket(5, steps=30, prior=20))  # ran past its prior: 0 left
-    assert drain(q) == [2, 1, 5, 3, 4]
+    q.push(ticket(5, steps=30, prior=20))  # total 20, ran past its prior: 0 left
+    return drain(q)
+
+
+def test_history_caas_longest_expected_chain_first_unknown_last() -> None:
+    assert _history_case(CaasHistoryQueue(max_wait_s=None)) == [2, 5, 1, 3, 4]
+    assert _history_case(CaasHistoryQueue(max_wait_s=None, rank="remaining")) == [2, 1, 5, 3, 4]
     q = CaasHistoryQueue(max_wait_s=None, unknown_last=False)
     q.push(ticket(1, steps=10, prior=12))
     q.push(ticket(3, steps=20))
     assert drain(q) == [3, 1]
+    with pytest.raises(ValueError):
+        CaasHistoryQueue(rank="shortest")
 
 
 def test_registry_builds_queues_with_params() -> None:

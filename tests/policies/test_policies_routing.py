@@ -76,10 +76,12 @@ def test_chain_progress_priority() -> None:
     assert p.priority(b) < p.priority(a)  # more progress: served first (vLLM: lower first)
     assert p.priority(SampleProgress(3, "t", 2, steps_done=500)) == 0  # clipped, never negative
     h = ChainProgressPriority(ceiling=100, use_prior=True)
-    long_left = SampleProgress(4, "t", 3, steps_done=2, prior_chain_steps=40)
-    short_left = SampleProgress(5, "t", 4, steps_done=10, prior_chain_steps=12)
-    assert h.priority(long_left) < h.priority(short_left)
+    long_chain = SampleProgress(4, "t", 3, steps_done=30, prior_chain_steps=40)
+    short_chain = SampleProgress(5, "t", 4, steps_done=1, prior_chain_steps=12)
+    assert h.priority(long_chain) == 60 and h.priority(short_chain) == 88  # longer expected chain first
     assert h.priority(a) == 97  # no prior: observed progress
+    r = ChainProgressPriority(ceiling=100, use_prior=True, rank="remaining")
+    assert r.priority(long_chain) == 90 and r.priority(short_chain) == 89  # 10 vs 11 steps left
 
 
 def test_registry_names() -> None:

@@ -48,7 +48,7 @@ def test_isolation_is_in_force(batch_label: str) -> None:
             "caps": "grep CapEff /proc/self/status",
             "mem": "cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max",
             "pids": "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
-            "fork_bomb": "for i in $(seq 1 200); do sleep 5 & done; wait",
+            "fork_bomb": "for i in $(seq 1 200); do sleep 1 & done; wait",
         }.items():
             out[key] = await pool.exec(sb, cmd, timeout_s=20)
         return out
@@ -146,3 +146,40 @@ def test_removal_frees_the_slot_and_the_volume(docker_client, batch_label: str) 
     assert blocked and stats["containers"]["peak"] == 1 and stats["containers"]["created"] == 2
     assert len(volumes) == 1
     assert not [v for v in docker_client.volumes.list() if v.name in volumes]  # removed with the container
+
+
+def test_least_loaded_placement_over_several_hosts(batch_label: str) -> None:
+    """Two base URLs (here both reach the local engine): new sandboxes go to the emptier host."""
+    async def body():
+        pool = DockerPool(batch_label=batch_label, hosts=["unix:///var/run/docker.sock", None])
+        try:
+            boxes = [await pool.start(f"h{i}") for i in range(4)]
+            spread = {h: s["live"] for h, s in pool.stats()["hosts"].items()}
+            await pool.remove(boxes[0])
+            await pool.remove(boxes[2])  # both on the first host
+            again = await pool.start("h4")
+            return spread, boxes, again
+        finally:
+            await pool.aclose()
+
+    spread, boxes, again = run(body())
+    assert sorted(spread.values()) == [2, 2]
+    assert boxes[0].host.name != boxes[1].host.name  # alternated
+    assert again.host.name == boxes[0].host.name  # the host that had fewer live containers
+
+
+def test_cli_lists_and_cleans_up(docker_client, batch_label: str, capsys) -> None:
+    from agentbatch.flows.cli import main
+
+    async def leave_one():
+        pool = DockerPool(batch_label=batch_label)
+        await pool.start("cli")
+        pool._executor.shutdown(wait=False)
+
+    run(leave_one())
+    assert main(["sandbox", "ls", "--batch", batch_label]) == 0
+    out = capsys.readouterr().out
+    assert f"batch={batch_label}" in out and "sample=cli" in out and "running" in out
+    assert main(["sandbox", "cleanup", "--batch", batch_label]) == 0
+    assert "removed 1 container" in capsys.readouterr().out
+    assert list_labelled(docker_client, batch_label) == []

@@ -127,6 +127,22 @@ def test_calibrate_command_from_a_table(tmp_path, measured, fmt, capsys):
     assert make_timing({"kind": "simulated", "profile": str(out)}).profile.cost == prof.cost
 
 
+def test_check_reruns_the_requests_and_the_fitted_profile_matches_better(tmp_path, measured, capsys):
+    from agentbatch.tasks.engines.sim.calibrate import compare_to_measured
+
+    t = timings_from_records(measured)
+    fitted = fit_cost_model(t, BASE).profile
+    good, bad = compare_to_measured(fitted, t), compare_to_measured(BASE, t)
+    assert good["requests"] == len(measured)
+    assert good["latency_mape"] < 0.1 < bad["latency_mape"]
+    assert good["cached_tokens_ratio"] == pytest.approx(1.0, rel=0.05)
+    table = tmp_path / "timings.csv"
+    pd.DataFrame(measured).to_csv(table, index=False)
+    out = tmp_path / "fitted.json"
+    assert main(["calibrate", "--timings", str(table), "--base", "llama3-8b-h100", "--out", str(out), "--check"]) == 0
+    assert "re-run with the fitted profile" in capsys.readouterr().out
+
+
 def test_calibrate_command_rejects_a_table_without_the_columns(tmp_path, capsys):
     table = tmp_path / "bad.csv"
     pd.DataFrame({"prompt_tokens": [1]}).to_csv(table, index=False)

@@ -222,3 +222,19 @@ def test_simulated_timing_model_shares_one_engine_per_worker():
 def test_unknown_timing_profile_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown engine profile"):
         make_timing({"kind": "simulated", "profile": "gpt-9-on-a-toaster"})
+
+
+def test_the_vllm_metrics_scraper_reads_the_simulated_server(server):
+    """agentbatch's own /metrics scraper (written against real vLLM) understands the simulated one."""
+    from agentbatch.tasks.engines.metrics import scrape
+
+    async def go():
+        async with httpx.AsyncClient() as client:
+            return await scrape(client, "sim-0", server)
+
+    m = asyncio.run(go())
+    assert m.ok
+    assert m.block_size == 128
+    assert m.cache_config["enable_prefix_caching"] == "True"
+    assert m.prefix_cache_queries >= m.prefix_cache_hits >= 0
+    assert m.kv_cache_usage is not None

@@ -37,6 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--prior-strength", type=float, default=1e-3,
         help="pull towards the base coefficients, for coefficients the data cannot pin down (default 1e-3)",
     )  # fmt: skip
+    p.add_argument(
+        "--check", action="store_true",
+        help="re-run the measured requests through the fitted profile and print the latency error",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -69,6 +73,17 @@ def run(args: argparse.Namespace) -> int:
     fit.profile = profile
     print(fit.to_text())
     extra = {"fit": {k: v for k, v in fit.to_dict().items() if k != "profile"}}
+    if args.check:
+        from agentbatch.tasks.engines.sim.calibrate import compare_to_measured
+
+        for label, prof in (("base", base), ("fitted", profile)):
+            c = compare_to_measured(prof, timings)
+            extra[f"check_{label}"] = c
+            print(
+                f"  re-run with the {label} profile: per-request latency MAPE {c['latency_mape']:.1%}, "
+                f"median simulated/measured {c['latency_median_ratio']:.3f}, total {c['total_latency_ratio']:.3f}, "
+                f"cached tokens {c['cached_tokens_ratio']:.3f}"
+            )
     save_profile(profile, args.out, extra=extra)
     print(
         f"wrote {args.out} (use it as --profile {args.out} or {{'kind': 'simulated', 'profile': '{args.out}'}})"

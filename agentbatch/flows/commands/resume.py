@@ -21,15 +21,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def print_outcome(store, outcome, report_dir: Path | None) -> int:  # type: ignore[no-untyped-def]
+def print_outcome(store, outcome) -> int:  # type: ignore[no-untyped-def]
+    """The batch summary in the terminal; exit status 1 when a sample failed."""
     from agentbatch.dashboards.summary import summarize
 
     print(summarize(store, outcome.batch_id).to_text())
-    if report_dir is not None:
-        from agentbatch.dashboards.report import write_report
-
-        path = write_report(store, [outcome.batch_id], report_dir)
-        print(f"report: {path}")
+    if outcome.report_path:
+        print(f"report: {outcome.report_path}")
     return 0 if outcome.failed == 0 else 1
 
 
@@ -41,5 +39,6 @@ def main(args: argparse.Namespace) -> int:
     store = Store(args.db)
     if store.get_batch(args.batch_id) is None:
         return fail(f"no batch {args.batch_id} in {store.url}")
-    outcome = resume_batch(store, args.batch_id, show_progress=False if args.no_progress else None)
-    return print_outcome(store, outcome, args.report)
+    outcome = resume_batch(store, args.batch_id, show_progress=False if args.no_progress else None,
+                           report_dir=args.report)
+    return print_outcome(store, outcome)

@@ -41,5 +41,5 @@ def main(args: argparse.Namespace) -> int:
         return fail(f"{args.config}: {exc}")
     print(f"batch {batch_id} created in {store.url} ({len(store.samples(batch_id))} samples); "
           f"resume with: agentbatch resume {batch_id}", flush=True)
-    outcome = run_flow(store, batch_id, show_progress=False if args.no_progress else None)
-    return print_outcome(store, outcome, args.report)
+    outcome = run_flow(store, batch_id, show_progress=False if args.no_progress else None, report_dir=args.report)
+    return print_outcome(store, outcome)

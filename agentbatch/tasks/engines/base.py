@@ -28,7 +28,7 @@ class ChatResult:
     message: Message  # the assistant message (may carry "tool_calls")
     prompt_tokens: int
     output_tokens: int
-    cached_prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = None  # None: the engine does not say (no cache model)
     recomputed_tokens: int = 0
     queue_s: float = 0.0
     prefill_s: float = 0.0

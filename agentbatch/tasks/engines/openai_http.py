@@ -72,7 +72,7 @@ class OpenAIEngine:
             message=message,
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             output_tokens=int(usage.get("completion_tokens", 0)),
-            cached_prompt_tokens=int(details.get("cached_tokens") or 0),
+            cached_prompt_tokens=None if details.get("cached_tokens") is None else int(details["cached_tokens"]),
             latency_s=latency,
             worker=self.name,
             finish_reason=choice.get("finish_reason") or "stop",

@@ -273,13 +273,15 @@ def prometheus_text(metrics: dict[str, float], profile: EngineProfile, model_nam
             f"{sample}{{{labels}}} {float(metrics.get(key, 0.0))}",
         ]
     info = {
+        "engine": "0",
+        "model_name": model_name,
         "block_size": profile.block_size,
         "num_gpu_blocks": profile.num_kv_blocks,
         "enable_prefix_caching": profile.enable_prefix_caching,
         "max_num_seqs": profile.max_num_seqs,
         "max_num_batched_tokens": profile.max_num_batched_tokens,
         "mamba_num_slots": profile.state_slots if profile.state_slots is not None else "None",
-        "engine": "agentbatch-sim",
+        "backend": "agentbatch-sim",
         "profile": profile.name,
     }
     info_labels = ",".join(f'{k}="{v}"' for k, v in info.items())

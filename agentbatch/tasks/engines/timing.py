@@ -18,7 +18,7 @@ class Timing:
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    cached_prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = None  # None: this timing model has no prefix cache
     recomputed_tokens: int = 0
 
     @property

@@ -126,7 +126,7 @@ class Sandbox:
     removed: bool = False
 
 
-def _client(base_url: str | None, timeout: float, pool_size: int) -> docker.DockerClient:
+def docker_client(base_url: str | None, timeout: float, pool_size: int) -> docker.DockerClient:
     if base_url is None:  # DOCKER_HOST / DOCKER_TLS_VERIFY / DOCKER_CERT_PATH, else the local socket
         return docker.from_env(timeout=int(timeout), max_pool_size=pool_size)
     return docker.DockerClient(base_url=base_url, timeout=int(timeout), max_pool_size=pool_size)
@@ -185,7 +185,7 @@ class DockerPool:
             hosts = []
             for i, url in enumerate(self._host_urls):
                 try:
-                    client = _client(url, self.api_timeout_s, self._pool_size)
+                    client = docker_client(url, self.api_timeout_s, self._pool_size)
                 except _DOCKER_ERRORS as exc:
                     raise EnvironmentFailure(f"cannot reach Docker host {url or 'default'}: {exc}") from exc
                 hosts.append(DockerHost(name=url or f"default-{i}", client=client))
@@ -530,7 +530,7 @@ def cleanup_containers(batch_label: str | None = None, hosts: Sequence[str | Non
     """Remove leftover agentbatch containers of one batch (`None`: of every batch) on the given hosts."""
     removed = 0
     for url in hosts:
-        client = _client(url, 60, 4)
+        client = docker_client(url, 60, 4)
         try:
             removed += remove_labelled(client, batch_label)
         finally:

@@ -58,6 +58,9 @@ class VirtualConfig:
     priority: PolicySpec = field(default_factory=lambda: PolicySpec("fcfs"))
     env_time_scale: float = 1.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
+    # Admission order: "trace" (recorded order) or "longest_prior_first" (samples with the longest
+    # prior chain are admitted first, LPT-style; samples without a prior keep their order, last).
+    admission_order: str = "trace"
 
     def engine_profile(self) -> EngineProfile:
         return get_profile(self.profile, **self.profile_overrides)
@@ -154,6 +157,12 @@ class VirtualBatch:
             for s in trace.samples
         )  # fmt: skip
         self._all = list(self._pending)
+        if config.admission_order == "longest_prior_first":
+            order = sorted(self._all, key=lambda x: (x.prog.prior_chain_steps is None,
+                                                     -(x.prog.prior_chain_steps or 0.0), x.trace.index))
+            self._pending = deque(order)
+        elif config.admission_order != "trace":
+            raise ValueError(f"admission_order must be 'trace' or 'longest_prior_first', got {config.admission_order!r}")
 
     # --- event heap ----------------------------------------------------------------------------
     def _push(self, t: float, phase: int, kind: str, arg: Any) -> None:

@@ -44,6 +44,7 @@ class Timings:
     prefill: np.ndarray  # NaN if unknown
     decode: np.ndarray  # NaN if unknown
     worker: np.ndarray  # str
+    sample: np.ndarray | None = None  # sample ids (NaN if unknown), to chain a sample's turns
 
     def __len__(self) -> int:
         return len(self.prompt)
@@ -103,6 +104,7 @@ def timings_from_records(records: list[dict[str, Any]]) -> Timings:
         prefill=col("prefill_s"),
         decode=col("decode_s"),
         worker=np.array([str(r.get("worker") or "") for r in keep], dtype=object),
+        sample=col("sample_id"),
     )
 
 
@@ -299,3 +301,56 @@ def fit_cost_model(t: Timings, base: EngineProfile, *, prior_strength: float = 1
         rel_rms_base=float(np.sqrt(np.mean(base_rel**2))),
         per_phase=per_phase,
     )
+
+
+# --- checking a profile against the measured requests ------------------------------------------
+
+
+def compare_to_measured(profile: EngineProfile, t: Timings) -> dict[str, float]:
+    """Re-run the measured requests through the model (one EngineModel per worker, each request
+    arriving when it was sent) and compare latencies, request by request.
+
+    Token ids are not in the timings, so prompts are rebuilt to give the measured prefix hits: a
+    request reuses the first `cached_prompt_tokens` tokens of its sample's previous prompt (or of a
+    shared pool when the sample is unknown) and adds fresh tokens up to `prompt_tokens`.
+    """
+    from agentbatch.tasks.engines.sim.drive import drive
+    from agentbatch.tasks.engines.sim.model import SimRequest
+
+    measured, simulated, cached_m, cached_s = [], [], [], []
+    fresh = 1 << 40
+    for w in np.unique(t.worker):
+        idx = np.flatnonzero(t.worker == w)
+        idx = idx[np.argsort(t.start[idx], kind="stable")]
+        t0 = float(t.start[idx[0]])
+        pools: dict[object, list[int]] = {}
+        arrivals = []
+        for k, i in enumerate(idx):
+            key: object = "shared"
+            if t.sample is not None and not np.isnan(t.sample[i]):
+                key = int(t.sample[i])
+            pool = pools.get(key, [])
+            keep = int(min(t.cached[i], len(pool), t.prompt[i] - 1))
+            n_new = int(t.prompt[i]) - keep
+            prompt = pool[:keep] + list(range(fresh, fresh + n_new))
+            fresh += n_new
+            pools[key] = prompt
+            sid = key if isinstance(key, int) else -1 - k
+            arrivals.append((float(t.start[i]) - t0, SimRequest(f"{w}:{k}", sid, prompt, int(t.output[i]))))
+        stats = drive(profile, arrivals).by_id()
+        for k, i in enumerate(idx):
+            st = stats[f"{w}:{k}"]
+            measured.append(float(t.finish[i] - t.start[i]))
+            simulated.append(st.finished - st.arrival)
+            cached_m.append(float(t.cached[i]))
+            cached_s.append(float(st.cached_prompt_tokens))
+    m, sim = np.array(measured), np.array(simulated)
+    ok = m > 0
+    rel = (sim[ok] - m[ok]) / m[ok]
+    return {
+        "requests": float(len(m)),
+        "latency_mape": float(np.mean(np.abs(rel))) if ok.any() else float("nan"),
+        "latency_median_ratio": float(np.median(sim[ok] / m[ok])) if ok.any() else float("nan"),
+        "total_latency_ratio": float(sim.sum() / m.sum()) if m.sum() > 0 else float("nan"),
+        "cached_tokens_ratio": float(sum(cached_s) / sum(cached_m)) if sum(cached_m) else float("nan"),
+    }

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -121,9 +122,32 @@ class _Junk:
 _WAITING, _PREFILL, _DECODE, _DONE = range(4)
 
 
+def _extend_hashes(hashes: list[int], prompt, start: int, nfull: int, bs: int) -> None:
+    """Append the chained hashes of full blocks start..nfull-1 of `prompt` (a list or array of ids).
+
+    The blocks' tokens are hashed as 64-bit bytes (one C-level conversion of the new part, then a
+    bytes slice per block): several times faster than hashing tuples of Python ints. Only equality
+    of hashes matters to the model, so their values (which vary with PYTHONHASHSEED) never change
+    its behaviour.
+    """
+    h = hashes[-1] if hashes else _ROOT_HASH
+    part = prompt[start * bs : nfull * bs]
+    try:  # the same tokens give the same bytes whatever the container (list, array of any int type)
+        raw = (part if isinstance(part, array) and part.typecode == "q" else array("q", part)).tobytes()
+    except (OverflowError, TypeError):  # ids beyond 64 bits: hash the tokens themselves
+        for i in range(nfull - start):
+            h = hash((h, tuple(part[i * bs : (i + 1) * bs])))
+            hashes.append(h)
+        return
+    step = bs * 8
+    for off in range(0, len(raw), step):
+        h = hash((h, raw[off : off + step]))
+        hashes.append(h)
+
+
 class _Req:
     __slots__ = (
-        "rid", "sample_id", "prompt_len", "hashes", "out", "priority", "arrival", "seq", "run_seq",
+        "rid", "sample_id", "prompt_len", "hashes", "nhash", "out", "priority", "arrival", "seq", "run_seq",
         "state", "num_computed", "num_tokens", "gen", "node", "tree_blocks", "private", "junk",
         "has_slot", "base_iter", "base_computed", "gen_at_base", "version", "high_water",
         "first_sched", "first_token", "cached", "recomputed", "preemptions", "looked_up",
@@ -134,7 +158,10 @@ class _Req:
         self.rid = req.request_id
         self.sample_id = req.sample_id
         self.prompt_len = len(req.prompt)
-        self.hashes = hashes  # hashes of the prompt's full blocks
+        # hashes of the prompt's full blocks: the first `nhash` entries (the list may be the sample's
+        # memo, which later turns extend in place)
+        self.hashes = hashes
+        self.nhash = len(hashes)
         self.out = max(1, int(req.output_tokens))  # an engine always samples at least one token
         self.priority = int(req.priority or 0)
         self.arrival = now
@@ -226,6 +253,7 @@ class EngineModel:
         self._free_slots = profile.state_slots if profile.state_slots is not None else 0
         self._ckpt: OrderedDict[int, None] = OrderedDict()
         self._memo: dict[int, _SampleMemo] = {}
+        self._by_first_block: OrderedDict[int, _SampleMemo] = OrderedDict()  # recent prompts, LRU
         self.counters = _Counters()
 
     # --- public API ------------------------------------------------------------------------------
@@ -450,42 +478,60 @@ class EngineModel:
 
     # --- hashing ---------------------------------------------------------------------------------
     def _hash_prompt(self, sample_id: int, prompt: list[int]) -> tuple[list[int], int]:
-        """Block hashes of the prompt's full blocks, reusing the sample's previous prompt's hashes
-        for the common prefix (agent turns extend the previous prompt). Returns (hashes, common)."""
+        """Block hashes of the prompt's full blocks. Reuses the hashes of the sample's previous prompt
+        for their common prefix (agent turns extend the previous prompt), or, for a sample new to
+        this worker, those of a recent prompt with the same first block (a shared system prompt).
+        Returns (hashes, blocks in common with the sample's previous prompt)."""
         bs = self.bs
         nfull = len(prompt) // bs
         memo = self._memo.get(sample_id)
         common = 0
         if memo is not None:
-            m = min(nfull, len(memo.hashes))
-            if (
-                m
-                and (
-                    prompt is memo.prompt
-                    # the usual agent turn: the new prompt extends the previous one (one slice, in C)
-                    or (len(prompt) >= memo.length and prompt[: memo.length] == memo.prompt)
-                    or prompt[: m * bs] == memo.prompt[: m * bs]
-                )
-            ):
-                common = m
-            elif m:
-                lo, hi = 0, m  # largest k with equal first k blocks (equality is prefix-closed)
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if prompt[: mid * bs] == memo.prompt[: mid * bs]:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                common = lo
-            hashes = memo.hashes[:common]
+            common = self._common_blocks(prompt, memo, nfull)
+            # extend the memo's list in place when the whole previous prompt is shared (requests
+            # holding it read only their first `nhash` entries)
+            hashes = memo.hashes if common == len(memo.hashes) else memo.hashes[:common]
         else:
             hashes = []
-        h = hashes[-1] if hashes else _ROOT_HASH
-        for i in range(len(hashes), nfull):
-            h = hash((h, tuple(prompt[i * bs : (i + 1) * bs])))
-            hashes.append(h)
-        self._memo[sample_id] = _SampleMemo(prompt, len(prompt), hashes)
+            if nfull:
+                _extend_hashes(hashes, prompt, 0, 1, bs)
+                other = self._by_first_block.get(hashes[0])
+                if other is not None:
+                    shared = self._common_blocks(prompt, other, nfull)
+                    if shared > 1:
+                        hashes = other.hashes[:shared]  # a copy: the other sample extends its own
+        start = len(hashes)
+        if start < nfull:
+            _extend_hashes(hashes, prompt, start, nfull, bs)
+        new_memo = _SampleMemo(prompt, len(prompt), hashes)
+        self._memo[sample_id] = new_memo
+        if hashes:
+            fb = self._by_first_block
+            fb[hashes[0]] = new_memo
+            fb.move_to_end(hashes[0])
+            if len(fb) > 64:
+                fb.popitem(last=False)
         return hashes, common
+
+    def _common_blocks(self, prompt, memo: _SampleMemo, nfull: int) -> int:
+        """Full blocks `prompt` shares with `memo`'s prompt (token comparisons in C)."""
+        m = min(nfull, len(memo.hashes))
+        if not m:
+            return 0
+        old = memo.prompt
+        if prompt is old:
+            return m  # the same context, grown by appends
+        if len(prompt) >= memo.length and prompt[: memo.length] == old[: memo.length]:
+            return m  # the usual agent turn: the new prompt extends the previous one
+        bs = self.bs
+        lo, hi = 0, m  # largest k with equal first k blocks (equality is prefix-closed)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if prompt[: mid * bs] == old[: mid * bs]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     # --- waiting queue ---------------------------------------------------------------------------
     def _push_waiting(self, r: _Req, front: bool = False) -> None:
@@ -514,13 +560,13 @@ class EngineModel:
         cap = (r.num_tokens - 1) // bs  # never cache-hit the last known token
         hit = 0
         if self.profile.enable_prefix_caching:
-            hit = self._match_len(r.hashes, min(cap, len(r.hashes)))
+            hit = self._match_len(r.hashes, min(cap, r.nhash))
             if self.profile.state_slots is not None:
                 hit = self._ckpt_cut(r.hashes, hit)
         # generated-token blocks kept from a preemption extend a full prompt hit (dense models)
         extra = 0
         junk = r.junk
-        if junk is not None and junk.alive and hit == len(r.hashes) and self.profile.state_slots is None:
+        if junk is not None and junk.alive and hit == r.nhash and self.profile.state_slots is None:
             extra = min(junk.blocks, cap - hit)
         n = min(r.num_tokens - (hit + extra) * bs, budget)
         thr = self.profile.long_prefill_token_threshold
@@ -827,7 +873,7 @@ class EngineModel:
         """Cache r's prompt blocks that will be full once `upto_tokens` are computed."""
         if r.no_insert or not self.profile.enable_prefix_caching:
             return
-        end = min(upto_tokens // self.bs, len(r.hashes))
+        end = min(upto_tokens // self.bs, r.nhash)
         start = r.tree_blocks
         if end <= start:
             return
@@ -857,7 +903,7 @@ class EngineModel:
     def _checkpoint(self, r: _Req) -> None:
         if self.profile.state_slots is None or self.profile.state_checkpoints <= 0:
             return
-        idx = min(r.num_computed // self.bs, len(r.hashes)) - 1
+        idx = min(r.num_computed // self.bs, r.nhash) - 1
         if idx < 0:
             return
         h = r.hashes[idx]

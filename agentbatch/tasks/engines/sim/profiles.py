@@ -164,7 +164,8 @@ LLAMA3_8B_H100 = EngineProfile(
 # 32 layers in groups of 8 (7 lightning-attention + 1 softmax GQA layer): 4 attention layers x 4 KV
 # heads x 128 x 2 bytes x 2 = 8 KiB/token. 28 linear layers keep a 32 heads x 128 x 128 fp32 state
 # each: 56 MiB per sequence. Memory: 0.9 x 140 GiB - ~97 GiB FP8 weights (104B params) - ~5 GiB
-# activations = ~24 GiB, split 10 GiB KV / 14 GiB states (192 running slots + 64 checkpoints).
+# activations = ~24 GiB, split 10 GiB KV / 14 GiB states (160 running slots + 96 checkpoints; a
+# checkpoint costs as much memory as 7k tokens of KV, so `agentbatch plan` picks the split per workload).
 # vLLM's hybrid allocator makes an attention page as large as a state page (2 MiB per layer):
 # block_size = 2 MiB / (2 KiB per token per layer) = 1024 tokens, so hits come in 1024-token steps.
 # Cost (H200: 4.8 TB/s, 1979 FP8 TFLOP/s): c0 = ~3.5 GB of non-expert weights at 70% of the bandwidth
@@ -178,10 +179,10 @@ LING_FLASH_H200 = EngineProfile(
     name="ling-flash-2.0-h200",
     block_size=1024,
     num_kv_blocks=_blocks(10.0, 1024, _LING_KV),
-    max_num_seqs=192,
+    max_num_seqs=160,
     max_num_batched_tokens=8192,
-    state_slots=192,
-    state_checkpoints=64,
+    state_slots=160,
+    state_checkpoints=96,
     cost=CostModel(
         c0=3.0e-3,
         c_prefill=1.6e-5,
@@ -206,7 +207,7 @@ LING_FLASH_H200 = EngineProfile(
         "state_bytes": _LING_STATE,
         "weights_gib": 97.0,
         "kv_gib": 10.0,
-        "state_gib": (192 + 64) * _LING_STATE / GIB,
+        "state_gib": (160 + 96) * _LING_STATE / GIB,
         "hbm_tb_s": 4.8,
         "fp8_tflops": 1979,
     },

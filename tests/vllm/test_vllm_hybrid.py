@@ -1,0 +1,58 @@
+"""A tiny hybrid model (Qwen3-Next: gated delta-net linear attention + full attention) on real
+vLLM CPU with prefix caching (`--mamba-cache-mode align`). Opt-in: needs .cache/tiny-qwen3-next
+(`TINY_HYBRID=1 .ci/setup_vllm.sh`), since it costs another worker start (~1-2 min)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from vllm_helpers import REPO, VLLM_PYTHON, free_ports
+
+from agentbatch.tasks.engines.base import ChatRequest
+from agentbatch.tasks.engines.metrics import scrape
+from agentbatch.tasks.engines.openai_http import OpenAIEngine
+from agentbatch.tasks.engines.vllm_workers import WorkerCluster, WorkersConfig
+
+HYBRID = REPO / ".cache" / "tiny-qwen3-next"
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+if not VLLM_PYTHON.exists() or not (HYBRID / "config.json").exists():
+    pytest.skip(f"needs {VLLM_PYTHON} and {HYBRID} (TINY_HYBRID=1 .ci/setup_vllm.sh)", allow_module_level=True)
+
+
+def test_hybrid_model_serves_with_prefix_caching(tmp_path):
+    (port,) = free_ports(1)
+    cfg = WorkersConfig.model_validate({
+        "model": str(HYBRID), "served_model_name": "tiny-hybrid", "python": str(VLLM_PYTHON), "device": "cpu",
+        "log_dir": str(tmp_path), "endpoints_file": str(tmp_path / "ep.json"), "startup_timeout_s": 400,
+        "workers": [{"name": "h0", "port": port}],
+        # vLLM sizes the attention block so a page holds one recurrent state (640 tokens here). In
+        # align mode a state checkpoint is kept where a prefill chunk ends on a block boundary, so a
+        # one-block token budget checkpoints every block (with a bigger budget a prompt prefilled in
+        # one chunk leaves no checkpoint to hit).
+        "settings": {"max_num_seqs": 4, "max_model_len": 4096, "mamba_cache_mode": "align",
+                     "max_num_batched_tokens": 640, "block_size": None},
+    })
+    vocab = "the file directory list move copy read write search ticket".split()
+    prefix = " ".join(vocab[i % len(vocab)] for i in range(1500))
+    with WorkerCluster(cfg) as cluster:
+        (ep,) = cluster.endpoints
+
+        async def run():
+            engine = OpenAIEngine(ep.name, ep.base_url, ep.model)
+            out = []
+            for i in range(2):
+                msgs = [{"role": "system", "content": prefix}, {"role": "user", "content": f"q {i}"}]
+                out.append(await engine.complete(ChatRequest(messages=msgs, tools=[], priority=i,
+                                                             max_tokens=4, ignore_eos=True)))
+            await engine.aclose()
+            async with httpx.AsyncClient() as client:
+                return out, await scrape(client, ep.name, ep.base_url)
+
+        (first, second), metrics = asyncio.run(run())
+    block = metrics.block_size
+    assert metrics.cache_config["mamba_cache_mode"] == "align" and block and block > 128
+    assert first.cached_prompt_tokens == 0
+    assert second.cached_prompt_tokens >= block and second.cached_prompt_tokens % block == 0
+    assert metrics.prefix_cache_hits == second.cached_prompt_tokens
