@@ -5,7 +5,9 @@ end, FIFO, round-robin) -> + resource-model concurrency (admission limit N_ref f
 model; still coupled, so it only bites where N_ref < environment slots) -> + trajectory-aware routing
 -> + decoupled admission (N_ref samples admitted, environment actions queue for the slots) -> + CAAS
 (environment queue and worker queues by chain progress, chain-progress engine priority) -> +
-history-aware CAAS (priors: chain lengths of the same tasks in an earlier run, epoch 0).
+history-aware CAAS (priors: chain lengths of the same tasks in an earlier run, epoch 0; queues and
+engine priority rank by the expected chain length, longest first, and samples are admitted longest
+expected chain first).
 
 Everything is measured in this one run; ratios are against the baseline row of the same family and
 against the makespan lower bound of the same trace and hardware. Capacities: FamilySpec.capacities
@@ -47,7 +49,8 @@ def rows_for(family: str, samples: int | None, seed: int) -> tuple[list[tuple[st
     caas = replace(dec, env_queue=PolicySpec("caas"), inference_queue=PolicySpec("caas"),
                    priority=PolicySpec("chain_progress"))  # fmt: skip
     hist = replace(caas, env_queue=PolicySpec("caas_history"), inference_queue=PolicySpec("caas_history"),
-                   priority=PolicySpec("chain_progress", {"use_prior": True}), priors=priors)  # fmt: skip
+                   priority=PolicySpec("chain_progress", {"use_prior": True}), priors=priors,
+                   admission_order="longest_prior_first")  # fmt: skip
     rows = [
         ("baseline (coupled, FIFO, RR)", base),
         ("+ resource-model concurrency", rm),

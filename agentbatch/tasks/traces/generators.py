@@ -88,7 +88,7 @@ FAMILIES: dict[str, FamilySpec] = {
         prefix_groups=1,
         max_context=96_000,
         success=(1.5, 4.0),
-        capacities={"samples": 300, "workers": 2, "env_slots": 16, "max_active": 96, "profile": "llama3-8b-h100"},
+        capacities={"samples": 300, "workers": 2, "env_slots": 16, "max_active": 96, "profile": "ling-flash-2.0-h200"},
     ),
     "mcp_like": FamilySpec(
         name="mcp_like",
