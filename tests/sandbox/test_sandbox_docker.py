@@ -4,6 +4,8 @@ labels and removal."""
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 
 import pytest
 
@@ -148,23 +150,74 @@ def test_removal_frees_the_slot_and_the_volume(docker_client, batch_label: str) 
     assert not [v for v in docker_client.volumes.list() if v.name in volumes]  # removed with the container
 
 
+class TcpToUnixProxy:
+    """127.0.0.1:<port> -> the local engine's unix socket: a second "remote" Docker host over TCP."""
+
+    def __init__(self, socket_path: str = "/var/run/docker.sock") -> None:
+        self.socket_path = socket_path
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.socket_path)
+            self.conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.server.close()
+        for c in self.conns:
+            c.close()
+
+
 def test_least_loaded_placement_over_several_hosts(batch_label: str) -> None:
-    """Two base URLs (here both reach the local engine): new sandboxes go to the emptier host."""
+    """Two hosts, the local engine and the same engine reached over TCP like a remote DOCKER_HOST:
+    new sandboxes go to the host with fewer live ones, and commands run on either."""
+    proxy = TcpToUnixProxy()
+
     async def body():
-        pool = DockerPool(batch_label=batch_label, hosts=["unix:///var/run/docker.sock", None])
+        pool = DockerPool(batch_label=batch_label, hosts=[None, f"tcp://127.0.0.1:{proxy.port}"])
         try:
             boxes = [await pool.start(f"h{i}") for i in range(4)]
+            outputs = [(await pool.exec(b, "echo on $(hostname)")).stdout for b in boxes]
             spread = {h: s["live"] for h, s in pool.stats()["hosts"].items()}
             await pool.remove(boxes[0])
             await pool.remove(boxes[2])  # both on the first host
             again = await pool.start("h4")
-            return spread, boxes, again
+            return spread, boxes, outputs, again
         finally:
             await pool.aclose()
 
-    spread, boxes, again = run(body())
-    assert sorted(spread.values()) == [2, 2]
+    try:
+        spread, boxes, outputs, again = run(body())
+    finally:
+        proxy.close()
+    assert sorted(spread.values()) == [2, 2] and f"tcp://127.0.0.1:{proxy.port}" in spread
     assert boxes[0].host.name != boxes[1].host.name  # alternated
+    assert all(o.startswith("on ") for o in outputs) and proxy.accepted > 0
     assert again.host.name == boxes[0].host.name  # the host that had fewer live containers
 
 
