@@ -85,7 +85,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     if row is None:
         raise ValueError(f"no batch {batch_id} in {store.url}")
     config = BatchConfig.model_validate(row.config)
-    workload = make_workload(config.workload.kind, config.workload.params)
+    workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
     engines = make_engines(config.engine.kind, config.engine.params, workload)
     coordinator = build_coordinator(config, [e.name for e in engines])
     ctx = FlowRunContext.get()

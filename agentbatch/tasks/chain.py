@@ -6,13 +6,14 @@ runner (steps mode) or directly under the coordinator (lean mode, plain-asyncio 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
 from agentbatch.db.models import Sample, SampleStatus
-from agentbatch.scheduling.types import SampleProgress, StepTicket
+from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
-from agentbatch.tasks.environments.base import TaskSpec
+from agentbatch.tasks.environments.base import Environment, EnvironmentFailure, TaskSpec
 from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,7 @@ async def run_sample(
         task = TaskSpec(task_id=sample.task_id, data=sample.task or {})
         env = batch.workload.create(task)
         try:
-            run = SampleRun(sample.id, task, env, AgentState.start(await env.reset(task)), progress)
-            await _rebuild(batch, run)
+            run = await _start(batch, sample.id, task, env, progress)
             while not run.state.done and run.state.step_index < batch.max_steps:
                 ticket = StepTicket(
                     sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
@@ -62,6 +62,26 @@ async def run_sample(
             await env.close()
     finally:
         coordinator.finish(progress)
+
+
+async def _start(
+    batch: BatchContext, sample_id: int, task: TaskSpec, env: Environment, progress: SampleProgress
+) -> SampleRun:
+    """Reset the environment and rebuild the sample from the store, retrying infrastructure
+    failures (an image that is missing, an engine that is down) as environment steps are; when the
+    retries run out the sample fails, not the batch."""
+    delays = batch.retry.delays(StepKind.ENVIRONMENT)
+    for attempt in range(len(delays) + 1):
+        try:
+            run = SampleRun(sample_id, task, env, AgentState.start(await env.reset(task)), progress)
+            await _rebuild(batch, run)
+            return run
+        except EnvironmentFailure as exc:
+            if attempt == len(delays):
+                raise StepFailed(f"environment could not start after {attempt + 1} attempt(s): {exc}") from exc
+            log.info("sample %s: environment start failed (%s); retrying", sample_id, exc)
+            await asyncio.sleep(delays[attempt])
+    raise AssertionError("unreachable")
 
 
 async def _rebuild(batch: BatchContext, run: SampleRun) -> None:

@@ -123,3 +123,17 @@ def test_live_replay_of_a_recorded_bfcl_batch_through_the_http_server(sqlite_url
     env = sorted((st.started_at, st.finished_at) for s in replay.samples for st in s.environment_steps)
     assert all(env[i][1] <= env[i + 1][0] + 1e-6 for i in range(len(env) - 1))  # one env slot: never overlap
     store.close()
+
+
+def test_recorded_environment_restore_continues_after_the_given_turns(tmp_path: Path) -> None:
+    trace = generate("swe_like", 2, seed=4)
+    workload = RecordedWorkload(trace, time_scale=0.0)
+    task = workload.tasks()[0]
+    sample = trace.samples[0]
+    env = workload.create(task)
+    asyncio.run(env.reset(task))
+    assistants = [assistant_message(sample, st) for st in sample.inference_steps[:2]]
+    asyncio.run(env.restore(assistants))
+    res = asyncio.run(env.step(assistants[-1]))
+    assert res.messages == observation_messages(sample, sample.environment_steps[2])
+    assert res.info["recorded_step"] == sample.environment_steps[2].index

@@ -56,6 +56,7 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
     trace = generate("widesearch_like", 15, seed=3)
     trace.samples[0].steps[0].message = {"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}
     trace.samples[0].steps[1].observation = [{"role": "tool", "tool_call_id": "1", "content": "ü"}]
+    trace.samples[0].steps[1].tools = [{"type": "function", "function": {"name": "added"}}]
     path = write_trace(trace, tmp_path / "t.parquet")
     back = read_trace(path)
     assert back.samples == trace.samples

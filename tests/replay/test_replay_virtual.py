@@ -112,3 +112,23 @@ def test_lower_bound_hand_computed() -> None:
     assert r.summary.lb_ratio == pytest.approx(1.0)
     wide = trace_lower_bound(trace, _unit_profile(max_num_seqs=4), workers=1, env_slots=1)
     assert wide.environment_bound_s == pytest.approx(12) and wide.inference_bound_s == pytest.approx(0.5)  # 2 tokens / 4 seqs
+
+
+def test_history_admission_order_and_priors(trace: Trace) -> None:
+    priors = {s.task_id: float(len(s.steps)) for s in trace.samples}
+    cfg = replace(BASE, max_active=2, priors=priors, admission_order="longest_prior_first",
+                  env_queue=PolicySpec("caas_history"))
+    samples = simulate(trace, cfg).samples_frame().sort_values(["admitted_at", "index"])
+    first_two = set(samples["index"][:2])
+    longest = sorted(trace.samples, key=lambda s: (-len(s.steps), s.index))[:2]
+    assert first_two == {s.index for s in longest}
+    with pytest.raises(ValueError, match="admission_order"):
+        simulate(trace, replace(BASE, admission_order="random"))
+
+
+def test_kv_aware_routing_reads_engine_kv_usage(trace: Trace) -> None:
+    cfg = replace(BASE, router=PolicySpec("trajectory_aware", {"kv_margin": 0.0, "balance_abs": 10_000}))
+    r = simulate(trace, cfg)
+    # with a zero KV margin any KV imbalance moves the sample: the metric reached the router
+    assert r.summary.router["moved"] > 0
+    assert r.summary.mean_score == pytest.approx(np.mean([s.score for s in trace.samples]))

@@ -50,11 +50,6 @@ def config(label: str, **params) -> BatchConfig:
     })
 
 
-@pytest.mark.xfail(
-    reason="the flow does not retry EnvironmentFailure raised by env.reset (agentbatch/tasks/chain.py run_sample): "
-    "the whole batch fails instead of its samples",
-    strict=False,
-)
 def test_unstartable_sandboxes_fail_samples_not_the_batch(docker_client, batch_label: str, sqlite_url: str) -> None:
     store = Store(sqlite_url)
     try:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from typing import Any
 
 from agentbatch.tasks.engines.sim.model import EngineModel, RequestStats, SimRequest
 from agentbatch.tasks.engines.sim.profiles import EngineProfile, get_profile
 from agentbatch.tasks.engines.timing import Timing
+
+MAX_AHEAD_S = 5e-4  # wall seconds the model may run ahead of real time instead of sleeping
 
 
 class SimulatedTiming:
@@ -85,6 +88,9 @@ class SimulatedTiming:
         if req.request_id in self._futures:  # a retry of a request that is still in the engine
             self._seq += 1
             req.request_id = f"{req.request_id}#{self._seq}"
+        if not isinstance(req.prompt, array):
+            # 8 bytes a token in the engine's per-sample memo instead of a list of Python ints
+            req.prompt = array("q", req.prompt)
         fut: asyncio.Future[RequestStats] = self._loop.create_future()
         self._futures[req.request_id] = fut
         self.model.add_request(req, self.now())
@@ -116,19 +122,21 @@ class SimulatedTiming:
     async def _drive(self) -> None:
         assert self._wake is not None
         model = self.model
+        clock = 0.0  # model time at which the last step ended
         while True:
             if not model.has_work():
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            start = self.now()
+            # The next step starts when the last one ended, or now if the loop ran late (then the
+            # engine sat idle meanwhile, as a real one would).
+            start = max(self.now(), clock)
             result = model.run_iteration(start)
-            end = start + result.duration
-            delay = (end - self.now()) * self.time_scale
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)  # let clients run even when the loop is late
+            clock = start + result.duration
+            delay = (clock - self.now()) * self.time_scale
+            # Sleeping less than the loop's own overhead would stretch fast-forwarded runs
+            # (time_scale << 1): let the model run up to MAX_AHEAD_S ahead of the wall clock instead.
+            await asyncio.sleep(delay if delay > MAX_AHEAD_S else 0)
             for stats in result.finished:
                 fut = self._futures.pop(stats.request_id, None)
                 if fut is not None and not fut.done():

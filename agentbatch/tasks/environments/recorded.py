@@ -81,11 +81,14 @@ class RecordedEnvironment:
         if delay > 0:
             await asyncio.sleep(delay)
         done = st.done or self._next == len(self._env_steps)
+        info: dict[str, Any] = {"recorded_step": st.index, "recorded_duration_s": st.duration_s}
+        if st.tools is not None:  # the recorded environment changed the tool set here
+            info["tools"] = st.tools
         return EnvResult(
             messages=observation_messages(self.sample, st),
             done=done,
             tool_calls=st.tool_calls or 0,
-            info={"recorded_step": st.index, "recorded_duration_s": st.duration_s},
+            info=info,
         )
 
     async def restore(self, assistants: list[Message]) -> None:

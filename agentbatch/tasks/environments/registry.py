@@ -7,6 +7,7 @@ Docker or MCP SDKs. The callable takes the config's `workload.params` as keyword
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from agentbatch.tasks.environments.base import EnvironmentFactory
@@ -19,10 +20,16 @@ WORKLOADS: dict[str, str] = {
 }
 
 
-def make_workload(kind: str, params: dict[str, Any]) -> EnvironmentFactory:
+def make_workload(kind: str, params: dict[str, Any], batch_id: int | None = None) -> EnvironmentFactory:
+    """Build the workload. Factories that take a `batch_label` (to label and later clean up the
+    sandboxes of a batch, also after a crash) get a stable one derived from the batch id."""
     try:
         path = WORKLOADS[kind]
     except KeyError:
         raise ValueError(f"unknown workload kind {kind!r}; expected one of {sorted(WORKLOADS)}") from None
     module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)(**params)
+    factory = getattr(importlib.import_module(module), attr)
+    params = dict(params)
+    if batch_id is not None and "batch_label" in inspect.signature(factory).parameters:
+        params.setdefault("batch_label", f"batch-{batch_id}")
+    return factory(**params)

@@ -43,6 +43,7 @@ SCHEMA = pa.schema(
         ("message_json", pa.string()),
         ("observation_json", pa.string()),
         ("request_messages_json", pa.string()),
+        ("step_tools_json", pa.string()),
         # sample rows
         ("status", pa.string()),
         ("score", pa.float64()),
@@ -96,7 +97,7 @@ def trace_to_table(trace: Trace) -> pa.Table:
             row.update(
                 row="step", sample=s.index, task_id=s.task_id, step=st.index, kind=st.kind, done=st.done,
                 message_json=_dumps(st.message), observation_json=_dumps(st.observation),
-                request_messages_json=_dumps(st.request_messages),
+                request_messages_json=_dumps(st.request_messages), step_tools_json=_dumps(st.tools),
             )  # fmt: skip
             add(row)
     meta = {"version": TRACE_VERSION, "meta": trace.meta}
@@ -136,6 +137,7 @@ def table_to_trace(table: pa.Table) -> Trace:
             st.message = _loads(cols["message_json"][i])
             st.observation = _loads(cols["observation_json"][i])
             st.request_messages = _loads(cols["request_messages_json"][i])
+            st.tools = _loads(cols["step_tools_json"][i]) if "step_tools_json" in cols else None
             steps.append((idx, st))
     for idx, st in steps:
         samples[idx].steps.append(st)

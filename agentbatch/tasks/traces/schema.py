@@ -43,6 +43,7 @@ class TraceStep:
     message: dict[str, Any] | None = None  # inference: the assistant message
     observation: list[dict[str, Any]] | None = None  # environment: the messages it returned
     request_messages: list[dict[str, Any]] | None = None  # only where the prompt was NOT the rebuilt one
+    tools: list[dict[str, Any]] | None = None  # environment only: tool schemas it changed to (else None)
 
 
 @dataclass(slots=True)

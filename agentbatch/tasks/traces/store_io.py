@@ -77,6 +77,7 @@ def export_batch(store: Store, batch_id: int) -> Trace:
                 step.observation = list(resp.get("messages") or [])
                 step.obs_tokens = sum(count_tokens(render_message(m)) for m in step.observation)
                 step.done = bool(resp.get("done"))
+                step.tools = resp.get("tools")
             ts.steps.append(step)
         out.append(ts)
     meta = {"source": "store", "batch_id": batch_id, "batch_name": batch.name, "config": batch.config}
@@ -124,6 +125,8 @@ def import_trace(store: Store, trace: Trace, name: str | None = None, base_time:
                     obs = observation_messages(ts, st)
                     request = {"from_step": st.index - 1}
                     response = {"messages": obs, "done": st.done}
+                    if st.tools is not None:
+                        response["tools"] = st.tools
                     messages = [*messages, *obs]
                 s.add(
                     Step(

@@ -7,8 +7,9 @@ Each term under-estimates on purpose, so the bound stays valid whatever the engi
   emits the first token); prefill-attention FLOPs are left out.
 - inference work at full batching efficiency: per-token and per-context costs summed over every
   call, plus the fixed per-iteration cost c0 times the fewest iterations any schedule needs: tokens /
-  token budget, decode tokens / max_num_seqs (or state slots), and attended context / KV capacity
-  (a decode iteration cannot attend more tokens than the cache holds).
+  token budget, decode tokens / max_num_seqs (or state slots), and attended *private* context / KV
+  capacity (the sequences decoding in one iteration must hold their own contexts in the cache at
+  once; a shared prefix is stored once, so it is left out of this term).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def trace_work(trace: Trace, profile: EngineProfile, env_time_scale: float = 1.0
     kv_cap = profile.kv_capacity_tokens
     chains: list[float] = []
     total_tokens = total_decode = 0
-    attended_total = 0.0
+    private_total = 0.0  # attended context beyond the shared prefix, summed over decode tokens
     variable_s = 0.0
     env_work = 0.0
     for s in trace.samples:
@@ -61,10 +62,10 @@ def trace_work(trace: Trace, profile: EngineProfile, env_time_scale: float = 1.0
             variable_s += c.c_prefill * new + c.c_decode * dec + c.c_attn * attended
             total_tokens += new + dec
             total_decode += dec
-            attended_total += attended
+            private_total += attended - dec * min(s.shared_prefix_tokens, p)
             prev_ctx = p + o
         chains.append(chain)
-    iterations = max(total_tokens / budget, total_decode / max(1, seqs), attended_total / max(1, kv_cap))
+    iterations = max(total_tokens / budget, total_decode / max(1, seqs), private_total / max(1, kv_cap))
     return TraceWork(chain_s=chains, inference_work_s=variable_s + c.c0 * iterations, env_work_s=env_work)
 
 

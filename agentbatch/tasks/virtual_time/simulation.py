@@ -127,6 +127,7 @@ class VirtualBatch:
         self.profile = config.engine_profile()
         self.limits = config.limits(self.profile)
         self.router: Router = make_router(config.router.name, **config.router.params)
+        self._want_kv = getattr(self.router, "kv_margin", None) is not None
         self.env_queue: QueuePolicy = make_queue(config.env_queue.name, **config.env_queue.params)
         self.priority: PriorityPolicy = make_priority(config.priority.name, **config.priority.params)
         engine_policy = "fcfs" if isinstance(self.priority, FcfsPriority) else "priority"
@@ -247,6 +248,8 @@ class VirtualBatch:
         for w, load in enumerate(self.loads):
             load.in_flight = self.inflight[w]
             load.queued = len(self.queues[w])
+            if self._want_kv:  # as a live router reads vllm:kv_cache_usage_perc from /metrics
+                load.kv_usage = self.engines[w].metrics()["kv_cache_usage_perc"]
         name = self.router.route(ticket, self.loads)
         w = self._index[name]
         ticket.worker = name

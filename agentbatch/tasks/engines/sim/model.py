@@ -54,7 +54,10 @@ _ROOT_HASH = 0x5EED_CAFE
 class SimRequest:
     request_id: str
     sample_id: int
-    prompt: list[int]  # token ids (agentbatch.tasks.engines.tokens); kept by reference, do not mutate
+    # token ids (agentbatch.tasks.engines.tokens), a list or an array('q'); the engine keeps a
+    # reference to each sample's last prompt: pass a new object per turn or grow the same one by
+    # appends, never shorten or rewrite it in place
+    prompt: list[int]
     output_tokens: int
     priority: int = 0
     arrival: float = 0.0  # informational; the model uses the `now` of add_request
@@ -218,7 +221,9 @@ class _Counters:
 
 
 class EngineModel:
-    def __init__(self, profile: EngineProfile, name: str = "sim-0", policy: str = "fcfs") -> None:
+    def __init__(
+        self, profile: EngineProfile, name: str = "sim-0", policy: str = "fcfs", memo_limit: int = 65536
+    ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown scheduling policy {policy!r}; expected 'fcfs' or 'priority'")
         self.profile = profile
@@ -252,7 +257,8 @@ class EngineModel:
         self._evict_batch = profile.num_kv_blocks // 256
         self._free_slots = profile.state_slots if profile.state_slots is not None else 0
         self._ckpt: OrderedDict[int, None] = OrderedDict()
-        self._memo: dict[int, _SampleMemo] = {}
+        self._memo: dict[int, _SampleMemo] = {}  # per sample, least recently used first
+        self._memo_limit = memo_limit
         self._by_first_block: OrderedDict[int, _SampleMemo] = OrderedDict()  # recent prompts, LRU
         self.counters = _Counters()
 
@@ -504,7 +510,11 @@ class EngineModel:
         if start < nfull:
             _extend_hashes(hashes, prompt, start, nfull, bs)
         new_memo = _SampleMemo(prompt, len(prompt), hashes)
-        self._memo[sample_id] = new_memo
+        memos = self._memo
+        memos.pop(sample_id, None)
+        memos[sample_id] = new_memo
+        if len(memos) > self._memo_limit:  # bound the memory of long live runs
+            del memos[next(iter(memos))]
         if hashes:
             fb = self._by_first_block
             fb[hashes[0]] = new_memo
