@@ -137,3 +137,21 @@ def test_recorded_environment_restore_continues_after_the_given_turns(tmp_path: 
     res = asyncio.run(env.step(assistants[-1]))
     assert res.messages == observation_messages(sample, sample.environment_steps[2])
     assert res.info["recorded_step"] == sample.environment_steps[2].index
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_cli_live_replay_with_the_simulated_engine(tmp_path: Path, sqlite_url: str, capsys) -> None:  # noqa: ANN001
+    out = tmp_path / "m.parquet"
+    write_trace(generate("mcp_like", 5, seed=3), out)
+    args = ["replay", str(out), "--mode", "live", "--engine", "simulated", "--workers", "2",
+            "--time-scale", "0.01", "--router", "trajectory_aware", "--env-queue", "caas",
+            "--priority", "chain_progress", "--env-slots", "2", "--max-active", "5", "--db", sqlite_url]
+    assert cli(args) == 0
+    assert "scores equal to the recording: 5/5" in capsys.readouterr().out
+    store = Store(sqlite_url)
+    [batch] = store.list_batches()
+    steps = store.steps(batch.id)
+    assert {st.worker for st in steps if st.kind == "inference"} <= {"replay-0", "replay-1"}
+    assert len(steps) == generate("mcp_like", 5, seed=3).num_steps
+    store.close()

@@ -20,6 +20,8 @@ CONFIGS = {
     "traj_caas": replace(BASE, router=PolicySpec("trajectory_aware"), env_queue=PolicySpec("caas"),
                          inference_queue=PolicySpec("caas"), priority=PolicySpec("chain_progress")),
     "least_loaded_hist": replace(BASE, router=PolicySpec("least_loaded"), env_queue=PolicySpec("caas_history")),
+    "one_inflight_caas": replace(BASE, per_worker_inflight=1, inference_queue=PolicySpec("caas"),
+                                 router=PolicySpec("trajectory_aware")),
 }
 
 
@@ -59,6 +61,10 @@ def test_limits_scores_and_bound(trace: Trace, name: str) -> None:
     assert _peak(env.started_at.to_numpy(), env.finished_at.to_numpy()) <= cfg.env_slots
     limit = min(cfg.max_active, cfg.env_slots) if cfg.coupled else cfg.max_active
     assert _peak(samples.admitted_at.to_numpy(), samples.finished_at.to_numpy()) <= limit
+    inflight = cfg.per_worker_inflight or 256
+    inf = steps[steps.kind == "inference"]
+    for _, w in inf.groupby("worker"):
+        assert _peak(w.started_at.to_numpy(), w.finished_at.to_numpy()) <= inflight
     # recorded durations are replayed exactly
     durations = {(s.index, st.index): st.duration_s for s in trace.samples for st in s.environment_steps}
     got = {(int(a), int(b)): f - s for a, b, s, f in env[["sample_id", "index", "started_at", "finished_at"]]
@@ -132,3 +138,17 @@ def test_kv_aware_routing_reads_engine_kv_usage(trace: Trace) -> None:
     # with a zero KV margin any KV imbalance moves the sample: the metric reached the router
     assert r.summary.router["moved"] > 0
     assert r.summary.mean_score == pytest.approx(np.mean([s.score for s in trace.samples]))
+
+
+def test_simulated_frames_feed_the_dashboards_analytics(trace: Trace) -> None:
+    from agentbatch.dashboards.analytics import BatchAnalysis
+    from agentbatch.dashboards.frames import SAMPLE_COLUMNS, STEP_COLUMNS, BatchData
+
+    r = simulate(trace, CONFIGS["traj_caas"])
+    steps, samples = r.steps_frame(), r.samples_frame()
+    assert set(STEP_COLUMNS) <= set(steps.columns) and set(SAMPLE_COLUMNS) <= set(samples.columns)
+    data = BatchData(batch_id=0, name="virtual", status="completed", config={}, created_at=0.0, started_at=0.0,
+                     finished_at=r.summary.makespan_s, flow_run_id=None, samples=samples, steps=steps)
+    a = BatchAnalysis(data)
+    assert a.makespan_s == pytest.approx(r.summary.makespan_s)
+    assert len(a.per_sample) == len(trace.samples)

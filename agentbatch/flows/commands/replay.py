@@ -162,18 +162,19 @@ def _live(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int:
         "limits": {"max_steps": 100_000},
     })  # fmt: skip
     quiet_prefect_defaults()
+    from agentbatch.tasks.traces import read_trace
+
+    recorded = {s.index: s.score for s in read_trace(args.trace).samples}
     store = Store(args.db)
     try:
         batch_id = run_batch(config, store)
         samples = store.samples(batch_id)
+        batch = store.get_batch(batch_id)
+        url = store.url
     finally:
         store.close()
-    from agentbatch.tasks.traces import read_trace
-
-    recorded = {s.index: s.score for s in read_trace(args.trace).samples}
     same = sum(1 for s in samples if s.score == recorded.get(s.index))
-    batch = store.get_batch(batch_id)
     span = (batch.finished_at - batch.started_at) if batch and batch.finished_at and batch.started_at else 0.0
-    print(f"live replay of {args.trace}: batch {batch_id} in {store.url}; wall {span:.1f}s; "
+    print(f"live replay of {args.trace}: batch {batch_id} in {url}; wall {span:.1f}s; "
           f"scores equal to the recording: {same}/{len(samples)}; report with: agentbatch report {batch_id}")
     return 0 if same == len(samples) else 1

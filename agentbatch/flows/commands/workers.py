@@ -13,6 +13,7 @@ from agentbatch.tasks.engines.vllm_workers import (
     WorkerCluster,
     WorkersError,
     down_from_file,
+    load_plan,
     load_workers_config,
     plan_launch,
     probe,
@@ -69,6 +70,10 @@ def _up(args: argparse.Namespace) -> int:
     for ep in endpoints:
         print(f"{ep.name}\t{ep.base_url}\t{ep.model}\tready in {cluster.ready_s[ep.name]:.1f} s")
     print(f"endpoints written to {cfg.endpoints_file}")
+    if cfg.plan:
+        n_ref = load_plan(cfg.plan).get("reference_concurrency")
+        if n_ref:
+            print(f"resource model: reference concurrency {n_ref} -> scheduling.max_active_samples: {n_ref}")
     if not args.foreground:
         print(f"stop them with: agentbatch workers down {cfg.endpoints_file}")
         return 0

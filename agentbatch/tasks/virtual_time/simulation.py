@@ -23,6 +23,7 @@ from typing import Any
 from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.registry import make_priority, make_queue, make_router
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
+from agentbatch.tasks.engines.sim.model import EngineModel, SimRequest
 from agentbatch.tasks.engines.sim.profiles import EngineProfile, get_profile
 from agentbatch.tasks.traces.schema import ENVIRONMENT, INFERENCE, Trace, TraceSample
 
@@ -75,7 +76,7 @@ class VirtualConfig:
 
 
 class _Sample:
-    __slots__ = ("trace", "prog", "pos", "ctx", "admitted_at", "finished_at", "slot", "env_steps_left")
+    __slots__ = ("trace", "prog", "pos", "ctx", "admitted_at", "finished_at", "slot")
 
     def __init__(self, trace: TraceSample, prog: SampleProgress) -> None:
         self.trace = trace
@@ -107,8 +108,6 @@ SAMPLE_FIELDS = ("index", "task_id", "steps_done", "score", "admitted_at", "fini
 
 
 def _default_engine_factory(profile: EngineProfile, name: str, policy: str) -> Any:
-    from agentbatch.tasks.engines.sim.model import EngineModel
-
     return EngineModel(profile, name=name, policy=policy)
 
 
@@ -119,8 +118,6 @@ class VirtualBatch:
     """One simulated batch. `run()` once; it returns the raw step and sample records."""
 
     def __init__(self, trace: Trace, config: VirtualConfig, engine_factory: EngineFactory | None = None) -> None:
-        from agentbatch.tasks.engines.sim.model import SimRequest  # the agreed request type
-
         self._SimRequest = SimRequest
         self.trace = trace
         self.cfg = config
