@@ -107,6 +107,10 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     todo = store.samples(batch_id, statuses=[SampleStatus.PENDING, SampleStatus.RUNNING])
     total = len(store.samples(batch_id))
     priors = store.prior_chain_lengths([s.task_id for s in todo], exclude_batch_id=batch_id)
+    if config.scheduling.admission_order == "longest_prior_first" and priors:
+        # Samples queue for admission in the order they start (FIFO): longest expected chain first
+        # (LPT), the makespan-friendly order when earlier batches say how long each task runs.
+        todo.sort(key=lambda s: (-priors.get(s.task_id, -1.0), s.index))
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")

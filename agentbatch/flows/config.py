@@ -41,6 +41,11 @@ class SchedulingConfig(_Strict):
     env_slots: int = Field(8, ge=1, description="environment actions running at once")
     per_worker_inflight: int = Field(16, ge=1, description="inference requests in flight per engine worker")
     coupled: bool = Field(False, description="baseline: a sample holds an environment slot while admitted")
+    admission_order: Literal["arrival", "longest_prior_first"] = Field(
+        "longest_prior_first",
+        description="order samples are admitted in: as listed, or longest recorded chain (earlier batches "
+        "of the same task ids) first, unknown ones after; the same as arrival when there is no history",
+    )
     env_queue: PolicyRef = Field(default_factory=PolicyRef, description="order of the environment-action queue")
     inference_queue: PolicyRef = Field(default_factory=PolicyRef, description="order of each worker's queue")
     router: PolicyRef = Field(default_factory=lambda: PolicyRef(name="round_robin"))

@@ -120,6 +120,12 @@ def test_live_replay_of_a_recorded_bfcl_batch_through_the_http_server(sqlite_url
         # the engine really ran: forced to the recorded output lengths, prompts re-tokenized
         assert [y.output_tokens for y in b.inference_steps] == [x.output_tokens for x in a.inference_steps]
         assert all(y.prompt_tokens and y.worker == "worker-0" for y in b.inference_steps)
+    # the recorded batch also replays in virtual time (recorded prompts, outputs and tool durations)
+    from agentbatch.tasks.virtual_time import VirtualConfig, simulate
+
+    virtual = simulate(trace, VirtualConfig(workers=2, env_slots=1, max_active=4))
+    assert virtual.summary.mean_score == pytest.approx(sum(s.score for s in trace.samples) / len(trace.samples))
+    assert virtual.summary.steps == trace.num_steps and virtual.summary.lb_ratio >= 1.0
     env = sorted((st.started_at, st.finished_at) for s in replay.samples for st in s.environment_steps)
     assert all(env[i][1] <= env[i + 1][0] + 1e-6 for i in range(len(env) - 1))  # one env slot: never overlap
     store.close()
