@@ -1,0 +1,40 @@
+"""With history in the store, samples are admitted longest recorded chain first."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentbatch.db.store import Store
+from agentbatch.flows.batch import create_batch, execute_batch
+from agentbatch.flows.config import BatchConfig
+
+
+def cfg(order: str) -> BatchConfig:
+    return BatchConfig.model_validate({
+        "workload": {"kind": "bfcl", "params": {"limit": 6, "seed": 4}},
+        "engine": {"kind": "scripted", "params": {"timing": {"kind": "token", "scale": 0}}},
+        "scheduling": {"max_active_samples": 1, "admission_order": order},
+    })
+
+
+def admission_order(store: Store, batch_id: int) -> list[str]:
+    return [s.task_id for s in sorted(store.samples(batch_id), key=lambda s: s.admitted_at)]
+
+
+def test_longest_prior_first(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    first = create_batch(cfg("longest_prior_first"), store)
+    asyncio.run(execute_batch(store, first, use_prefect=False, show_progress=False))
+    assert admission_order(store, first) == [s.task_id for s in store.samples(first)]  # no history: as listed
+    lengths = {s.task_id: s.steps_done for s in store.samples(first)}
+    assert len(set(lengths.values())) > 1
+
+    second = create_batch(cfg("longest_prior_first"), store)
+    asyncio.run(execute_batch(store, second, use_prefect=False, show_progress=False))
+    order = admission_order(store, second)
+    assert [lengths[t] for t in order] == sorted(lengths.values(), reverse=True)
+
+    third = create_batch(cfg("arrival"), store)
+    asyncio.run(execute_batch(store, third, use_prefect=False, show_progress=False))
+    assert admission_order(store, third) == [s.task_id for s in store.samples(third)]
+    store.close()
