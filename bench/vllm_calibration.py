@@ -204,6 +204,11 @@ def main() -> int:
     cached = sum(r["cached_prompt_tokens"] for r in real_a + real_b)
     prompt = sum(r["prompt_tokens"] for r in real_a + real_b)
     print(f"real runs: {n_req} requests, prefix-cache hits {cached / prompt:.1%} of prompt tokens")
+    rr = real_a + real_b
+    tpot = [r["decode_s"] / (r["output_tokens"] - 1) for r in rr if r["output_tokens"] > 1]
+    print(f"real per request: time to first token p50 {np.median([r['prefill_s'] for r in rr]) * 1e3:.0f} ms, "
+          f"time per output token p50 {np.median(tpot) * 1e3:.2f} ms, latency p50 "
+          f"{np.median([r['finished_at'] - r['started_at'] for r in rr]):.2f} s")
     print(f"{'run':<16}{'profile':<22}{'req err p50':>12}{'req err p90':>12}{'makespan real':>15}"
           f"{'sim':>9}{'err':>8}")
     summary = {}

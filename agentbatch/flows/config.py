@@ -46,11 +46,15 @@ class SchedulingConfig(_Strict):
         description="order samples are admitted in: as listed, or longest recorded chain (earlier batches "
         "of the same task ids) first, unknown ones after; the same as arrival when there is no history",
     )
-    env_queue: PolicyRef = Field(default_factory=PolicyRef, description="order of the environment-action queue")
+    # Defaults are the coordination policies (the ablation in docs/ablation.md); the baseline is
+    # coupled: true, env_queue fifo, router round_robin, priority fcfs.
+    env_queue: PolicyRef = Field(default_factory=lambda: PolicyRef(name="caas"),
+                                 description="order of the environment-action queue")
     inference_queue: PolicyRef = Field(default_factory=PolicyRef, description="order of each worker's queue")
-    router: PolicyRef = Field(default_factory=lambda: PolicyRef(name="round_robin"))
+    router: PolicyRef = Field(default_factory=lambda: PolicyRef(name="trajectory_aware"),
+                              description="which engine worker serves a sample's next inference call")
     priority: PolicyRef = Field(
-        default_factory=lambda: PolicyRef(name="fcfs"), description="per-request engine priority"
+        default_factory=lambda: PolicyRef(name="chain_progress"), description="per-request engine priority"
     )
 
 

@@ -61,7 +61,7 @@ def test_steps_mode_runs_each_step_as_a_prefect_task(db_url: str) -> None:
     assert outcome.completed == len(samples) == 10
     assert all(st.task_run_id for st in steps)  # every step ran inside a Prefect task run
     assert len({st.task_run_id for st in steps}) == len(steps)
-    assert outcome.peaks["environment"] == LIMITS["env_slots"]
+    assert outcome.peaks["environment"] <= LIMITS["env_slots"]
     assert store.get_batch(batch_id).status == "completed"
     assert store.get_batch(batch_id).flow_run_id
     store.close()

@@ -149,8 +149,13 @@ def test_streaming_returns_one_chunk_and_done(server):
 
 
 def test_priority_is_honoured_over_http():
-    """One sequence at a time: while a long request runs, a priority-5 request arrives before a
-    priority-1 one; the priority-1 request runs first."""
+    """One sequence at a time: while a long request runs (~1.2 s in real time), a priority-5 request
+    arrives before a priority-1 one; the priority-1 request runs first."""
+
+    async def until(url: str, metric: str, blocker: asyncio.Task) -> None:
+        while _metrics(url).get(metric, 0) < 1:
+            assert not blocker.done(), "the long request ended before the others were queued"
+            await asyncio.sleep(0.005)
 
     async def scenario(url: str) -> dict[str, float]:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -163,17 +168,15 @@ def test_priority_is_honoured_over_http():
                 }
                 return (await client.post("/chat/completions", json=body)).json()
 
-            blocker = asyncio.create_task(ask("long", 400, 0))
-            while _metrics(url).get("vllm:num_requests_running", 0) < 1:
-                await asyncio.sleep(0.005)
+            blocker = asyncio.create_task(ask("long", 300, 0))
+            await asyncio.wait_for(until(url, "vllm:num_requests_running", blocker), 30)
             low = asyncio.create_task(ask("low", 5, 5))
-            while _metrics(url).get("vllm:num_requests_waiting", 0) < 1:
-                await asyncio.sleep(0.005)
+            await asyncio.wait_for(until(url, "vllm:num_requests_waiting", blocker), 30)
             high = asyncio.create_task(ask("high", 5, 1))
-            done = await asyncio.gather(blocker, low, high)
+            done = await asyncio.wait_for(asyncio.gather(blocker, low, high), 60)
             return {"low": done[1]["agentbatch"]["queue_s"], "high": done[2]["agentbatch"]["queue_s"]}
 
-    with running_sim_server("tiny-cpu", time_scale=0.05, max_num_seqs=1, max_num_batched_tokens=2048) as url:
+    with running_sim_server("tiny-cpu", time_scale=1.0, max_num_seqs=1, max_num_batched_tokens=2048) as url:
         q = asyncio.run(scenario(url))
     assert q["high"] < q["low"]
 
