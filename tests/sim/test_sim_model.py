@@ -187,6 +187,7 @@ def test_full_state_slot_pool_queues_new_sequences():
         m.add_request(req(f"r{i}", toks(100 * i, 8), out=5), 0.0)
     m.run_iteration(0.0)
     met = m.metrics()
+    assert met["kv_cache_usage_perc"] == m.kv_cache_usage() == 4 / 100  # 2 blocks each of the two
     assert met["num_requests_running"] == 2
     assert met["num_requests_waiting"] == 1
     _, done = run_all(m, 0.0)
@@ -376,4 +377,4 @@ def test_abort_frees_what_the_request_holds():
     m.check_invariants()
     _, done = run_all(m, now)
     assert [s.request_id for s in done] == ["b"]
-    assert m.metrics()["kv_cache_usage_perc"] == 0.0
+    assert m.metrics()["kv_cache_usage_perc"] == 0.0 == m.kv_cache_usage()

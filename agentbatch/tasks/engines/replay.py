@@ -20,8 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from agentbatch.tasks.engines.base import ChatRequest, ChatResult, Engine
-from agentbatch.tasks.engines.timing import TimingModel, make_timing
-from agentbatch.tasks.engines.tokens import chat_tokens
+from agentbatch.tasks.engines.timing import TimingModel, make_timing, timed_completion
 from agentbatch.tasks.environments.recorded import RecordedWorkload
 from agentbatch.tasks.traces.conversation import assistant_message
 from agentbatch.tasks.traces.schema import TraceStep
@@ -65,26 +64,8 @@ class ReplayEngine:
             res = await self.inner.complete(forced)
             return replace(res, message=message, worker=self.name)
         assert self.timing is not None
-        prompt = chat_tokens(request.messages, request.tools)
-        t = await self.timing.run(
-            request_id=f"{self.name}-{next(self._ids)}",
-            sample_id=request.sample_id,
-            prompt=prompt,
-            output_tokens=out_tokens,
-            priority=request.priority,
-        )
-        return ChatResult(
-            message=message,
-            prompt_tokens=len(prompt),
-            output_tokens=out_tokens,
-            cached_prompt_tokens=t.cached_prompt_tokens,
-            recomputed_tokens=t.recomputed_tokens,
-            queue_s=t.queue_s,
-            prefill_s=t.prefill_s,
-            decode_s=t.decode_s,
-            latency_s=t.total_s,
-            worker=self.name,
-        )
+        return await timed_completion(self.timing, worker=self.name, request_id=f"{self.name}-{next(self._ids)}",
+                                      request=request, message=message, output_tokens=out_tokens)
 
     async def aclose(self) -> None:
         if self.inner is not None:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agentbatch.tasks.engines.base import ChatRequest, ChatResult, Message
-from agentbatch.tasks.engines.timing import TimingModel, make_timing
-from agentbatch.tasks.engines.tokens import chat_tokens, count_tokens, render_message
+from agentbatch.tasks.engines.timing import TimingModel, make_timing, timed_completion
+from agentbatch.tasks.engines.tokens import count_tokens, render_message
 from agentbatch.tasks.environments.base import TaskSpec
 
 GroundTruth = list[list[dict[str, Any]]]  # per user turn, the calls {"name", "arguments"}
@@ -67,29 +67,11 @@ class ScriptedEngine:
 
     async def complete(self, request: ChatRequest) -> ChatResult:
         message = self.next_message(request)
-        prompt = chat_tokens(request.messages, request.tools)
         output_tokens = request.max_tokens if request.ignore_eos and request.max_tokens else count_tokens(
             render_message(message)
         )
-        t = await self.timing.run(
-            request_id=f"{self.name}-{next(self._ids)}",
-            sample_id=request.sample_id,
-            prompt=prompt,
-            output_tokens=output_tokens,
-            priority=request.priority,
-        )
-        return ChatResult(
-            message=message,
-            prompt_tokens=len(prompt),
-            output_tokens=output_tokens,
-            cached_prompt_tokens=t.cached_prompt_tokens,
-            recomputed_tokens=t.recomputed_tokens,
-            queue_s=t.queue_s,
-            prefill_s=t.prefill_s,
-            decode_s=t.decode_s,
-            latency_s=t.total_s,
-            worker=self.name,
-        )
+        return await timed_completion(self.timing, worker=self.name, request_id=f"{self.name}-{next(self._ids)}",
+                                      request=request, message=message, output_tokens=output_tokens)
 
     async def aclose(self) -> None:
         await self.timing.aclose()

@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agentbatch.tasks.engines.base import ChatRequest, ChatResult, Message
+from agentbatch.tasks.engines.tokens import chat_tokens
+
 
 @dataclass(slots=True)
 class Timing:
@@ -62,6 +65,20 @@ class TokenTiming:
 
     async def aclose(self) -> None:
         return None
+
+
+async def timed_completion(
+    timing: TimingModel, *, worker: str, request_id: str, request: ChatRequest, message: Message, output_tokens: int
+) -> ChatResult:
+    """An answer known in advance (scripted, replayed), delivered when the timing model says."""
+    prompt = chat_tokens(request.messages, request.tools)
+    t = await timing.run(request_id=request_id, sample_id=request.sample_id, prompt=prompt,
+                         output_tokens=output_tokens, priority=request.priority)
+    return ChatResult(
+        message=message, prompt_tokens=len(prompt), output_tokens=output_tokens,
+        cached_prompt_tokens=t.cached_prompt_tokens, recomputed_tokens=t.recomputed_tokens,
+        queue_s=t.queue_s, prefill_s=t.prefill_s, decode_s=t.decode_s, latency_s=t.total_s, worker=worker,
+    )
 
 
 TIMING_MODELS: dict[str, str] = {

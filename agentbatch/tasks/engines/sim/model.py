@@ -460,6 +460,10 @@ class EngineModel:
             "state_slots_free": float(self._free_slots) if self.profile.state_slots is not None else 0.0,
         }
 
+    def kv_cache_usage(self) -> float:
+        """metrics()["kv_cache_usage_perc"] without building the dict (routers ask per decision)."""
+        return (self._ref_blocks + self._private_blocks) / self.profile.num_kv_blocks
+
     def holds_prefix(self, sample_id: int) -> int:
         """Tokens of `sample_id`'s last prompt (on this worker) that a new request would find cached."""
         memo = self._memo.get(sample_id)
