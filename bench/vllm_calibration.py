@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pandas as pd
 
 from agentbatch.tasks.engines.sim.calibrate import fit_cost_model, timings_from_records
 from agentbatch.tasks.engines.sim.model import EngineModel, SimRequest
@@ -196,6 +197,10 @@ def main() -> int:
         cluster.down()
     print(f"load average {os.getloadavg()[0]:.1f} after the real runs; real makespans A {wall_a:.2f} s, B {wall_b:.2f} s")
 
+    out_dir = REPO / ".agentbatch" / "bench-vllm"
+    for name, rows in (("real_a", real_a), ("real_b", real_b)):  # `agentbatch calibrate` reads these
+        pd.DataFrame(rows).to_csv(out_dir / f"{name}.csv", index=False)
+    print(f"request timings written to {out_dir}/real_a.csv, real_b.csv")
     base = get_profile("tiny-cpu", num_kv_blocks=KV_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
                        max_num_batched_tokens=MAX_BATCHED, block_size=BLOCK)
     fit = fit_cost_model(timings_from_records(real_a), base)
@@ -207,7 +212,7 @@ def main() -> int:
     rr = real_a + real_b
     tpot = [r["decode_s"] / (r["output_tokens"] - 1) for r in rr if r["output_tokens"] > 1]
     print(f"real per request: time to first token p50 {np.median([r['prefill_s'] for r in rr]) * 1e3:.0f} ms, "
-          f"time per output token p50 {np.median(tpot) * 1e3:.2f} ms, latency p50 "
+          f"time per output token p50 {np.median(tpot) * 1e3:.2f} ms (min {min(tpot) * 1e3:.2f}), latency p50 "
           f"{np.median([r['finished_at'] - r['started_at'] for r in rr]):.2f} s")
     print(f"{'run':<16}{'profile':<22}{'req err p50':>12}{'req err p90':>12}{'makespan real':>15}"
           f"{'sim':>9}{'err':>8}")

@@ -313,8 +313,7 @@ class EngineModel:
         bs = self.bs
         budget = self.profile.max_num_batched_tokens
         preempted = 0
-        scheduled: list[tuple[_Req, int, int]] = []  # (req, tokens, version)
-        pairs = 0
+        scheduled: list[tuple[_Req, int, int, int]] = []  # (req, tokens, version, attention pairs)
 
         # 1. Decoding sequences that cross a block boundary this step need one more block each.
         due = self._due[it % bs]
@@ -356,8 +355,7 @@ class EngineModel:
             if need > 0:
                 r.private += need
             self._insert_blocks(r, r.num_computed + n)
-            scheduled.append((r, n, r.version))
-            pairs += n * r.num_computed + n * (n + 1) // 2
+            scheduled.append((r, n, r.version, n * r.num_computed + n * (n + 1) // 2))
             budget -= n
 
         # 3. Admit waiting requests (not in a step that preempted, like vLLM).
@@ -377,15 +375,15 @@ class EngineModel:
                 if thr > 0:
                     n = min(n, thr)
                 self._insert_blocks(r, r.num_computed + n)
-                scheduled.append((r, n, r.version))
-                pairs += n * r.num_computed + n * (n + 1) // 2
+                scheduled.append((r, n, r.version, n * r.num_computed + n * (n + 1) // 2))
                 budget -= n
 
         # 4. Cost of the step.
-        prefill_tokens = 0
-        for r, n, ver in scheduled:
-            if ver == r.version:
+        prefill_tokens = pairs = 0
+        for r, n, ver, q in scheduled:
+            if ver == r.version:  # not preempted later in this step
                 prefill_tokens += n
+                pairs += q
         n_decode = len(self._decode)
         attended = self._decode_ctx_base + n_decode * it if n_decode else 0
         if prefill_tokens or n_decode:
@@ -397,7 +395,7 @@ class EngineModel:
         # 5. Apply the step: prefill progress, first tokens, finishes.
         finished: list[RequestStats] = []
         generated = n_decode
-        for r, n, ver in scheduled:
+        for r, n, ver, _ in scheduled:
             if ver != r.version or r.state != _PREFILL:
                 continue
             p = r.num_computed
