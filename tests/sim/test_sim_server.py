@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 
+from agentbatch.tasks.engines.sim import get_profile
 from agentbatch.tasks.engines.sim_server import filler_text, running_sim_server
 from agentbatch.tasks.engines.timing import make_timing
 from agentbatch.tasks.engines.tokens import chat_tokens, count_tokens
@@ -225,6 +226,13 @@ def test_simulated_timing_model_shares_one_engine_per_worker():
 def test_unknown_timing_profile_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown engine profile"):
         make_timing({"kind": "simulated", "profile": "gpt-9-on-a-toaster"})
+    with pytest.raises(ValueError, match="unknown profile field"):
+        make_timing({"kind": "simulated", "profile": "tiny-cpu", "num_gpus": 8})
+    timing = make_timing(
+        {"kind": "simulated", "profile": "tiny-cpu", "num_kv_blocks": 100, "cost": {"c0": 0.5}}
+    )
+    assert timing.profile.num_kv_blocks == 100 and timing.profile.cost.c0 == 0.5
+    assert timing.profile.cost.c_decode == get_profile("tiny-cpu").cost.c_decode
 
 
 def test_the_vllm_metrics_scraper_reads_the_simulated_server(server):

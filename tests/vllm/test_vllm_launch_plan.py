@@ -120,3 +120,13 @@ def test_settings_come_from_the_resource_model_plan_unless_set(tmp_path):
     assert p.argv[-4:] == ["--mamba-ssm-cache-dtype", "float32", "--seed", "7"]
     with pytest.raises(WorkersError, match="vllm_args"):
         plan_launch(WorkersConfig.model_validate({"model": "m", "plan": {"n": 1}}))
+
+
+def test_cpu_workers_fork_their_model_worker_and_gpu_workers_do_not():
+    cpu = plan_launch(WorkersConfig.model_validate({"model": "m", "device": "cpu"}))[0]
+    assert cpu.env["VLLM_WORKER_MULTIPROC_METHOD"] == "fork"
+    gpu = plan_launch(WorkersConfig.model_validate({"model": "m", "device": "gpu"}))[0]
+    assert "VLLM_WORKER_MULTIPROC_METHOD" not in gpu.env
+    back = plan_launch(WorkersConfig.model_validate(
+        {"model": "m", "device": "cpu", "settings": {"env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}}}))[0]
+    assert back.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"

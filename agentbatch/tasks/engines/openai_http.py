@@ -45,6 +45,8 @@ class OpenAIEngine:
             body["min_tokens"] = request.max_tokens or 0
         if request.priority is not None:
             body["priority"] = request.priority
+        # OpenAI's end-user id; vLLM ignores it, the simulated server keys its per-sample state on it.
+        body.setdefault("user", f"sample-{request.sample_id}")
         body.update(request.extra)
         return body
 
@@ -68,12 +70,17 @@ class OpenAIEngine:
         if not message.get("tool_calls"):
             message.pop("tool_calls", None)
         details = usage.get("prompt_tokens_details") or {}
+        split = data.get("agentbatch") or {}  # the simulated server's engine-side timing split
         return ChatResult(
             message=message,
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
             output_tokens=int(usage.get("completion_tokens", 0)),
             cached_prompt_tokens=None if details.get("cached_tokens") is None else int(details["cached_tokens"]),
             latency_s=latency,
+            queue_s=float(split.get("queue_s", 0.0)),
+            prefill_s=float(split.get("prefill_s", 0.0)),
+            decode_s=float(split.get("decode_s", 0.0)),
+            recomputed_tokens=int(split.get("recomputed_tokens", 0)),
             worker=self.name,
             finish_reason=choice.get("finish_reason") or "stop",
         )

@@ -155,8 +155,7 @@ def load_workers_config(path: str | Path) -> WorkersConfig:
         lines = [f"{path}: invalid workers config"]
         lines += [f"  {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
         raise WorkersError("\n".join(lines)) from exc
-    # Relative paths in the file mean relative to the working directory, like the batch config.
-    return cfg
+    return cfg  # relative paths in it are relative to the working directory, as in the batch config
 
 
 def _has_gpu() -> bool:

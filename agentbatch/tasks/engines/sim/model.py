@@ -897,8 +897,25 @@ class EngineModel:
         if node is not self._root and node.ref == 1 and not node.children:
             node.hashes.extend(new)  # the request's own leaf grows in place
         else:
-            if new[0] in node.children:  # someone cached the same blocks meanwhile: keep ours private
-                r.no_insert = True
+            if new[0] in node.children:
+                # Someone cached (some of) the same blocks meanwhile: r switches to the cached copies
+                # (its own are freed) and caching goes on after them, its later blocks hanging below
+                # (giving up here would leave r's later blocks, and a hybrid model's state
+                # checkpoints on them, out of the cache for good; vLLM caches them too).
+                k = self._match_len(r.hashes, end) - start
+                target = self._descend(r.hashes, start + k)
+                n = target
+                while n is not node:
+                    if n.ref == 0:
+                        self._ref_blocks += len(n.hashes)
+                    n.ref += 1
+                    n = n.parent  # type: ignore[assignment]
+                r.node = target
+                r.tree_blocks = start + k
+                r.private -= k
+                self._private_blocks -= k
+                if k < m:
+                    self._insert_blocks(r, upto_tokens)
                 return
             child = _Node(new, node, 0)
             node.children[new[0]] = child

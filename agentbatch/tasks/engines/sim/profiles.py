@@ -272,6 +272,10 @@ def get_profile(name_or_path: str | EngineProfile, **overrides: Any) -> EnginePr
             f"unknown engine profile {name_or_path!r}; expected one of {sorted(PROFILES)} or a .json path"
         )
     if overrides:
+        known = {f.name for f in dataclasses.fields(EngineProfile)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown profile field(s) {unknown}; expected some of {sorted(known)}")
         if "cost" in overrides and isinstance(overrides["cost"], dict):
             overrides["cost"] = dataclasses.replace(profile.cost, **overrides["cost"])
         profile = profile.replace(**overrides)
