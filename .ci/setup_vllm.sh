@@ -19,6 +19,9 @@ stamp() { echo "[setup_vllm] $(date -u +%H:%M:%S) $*"; }
 
 if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c "import vllm, transformers, tokenizers" 2>/dev/null; then
     stamp "$VENV already has vllm; skipping install"
+    # The tests look for this record of a finished install (older venvs may lack it).
+    [[ -f "$VENV/agentbatch-setup.json" ]] || printf '{"install_s": null, "vllm": "%s", "torch": "%s"}\n' \
+        "$VLLM_VERSION" "$TORCH_VERSION" > "$VENV/agentbatch-setup.json"
 else
     stamp "creating $VENV with $($PY -V)"
     if ! "$PY" -c "import ensurepip" 2>/dev/null && command -v apt-get >/dev/null; then

@@ -124,3 +124,7 @@ class Worker(Base):
     endpoint: Mapped[str | None] = mapped_column(String(500), nullable=True)
     settings: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+# Models of other concerns that share this metadata (Alembic and tests see every table).
+from agentbatch.db import metrics_models  # noqa: E402, F401

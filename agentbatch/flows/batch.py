@@ -28,6 +28,7 @@ from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.chain import direct_executor, run_sample
 from agentbatch.tasks.coordinator import Coordinator
+from agentbatch.tasks.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.tasks.engines.registry import make_engines
 from agentbatch.tasks.environments.registry import make_workload
 from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_lean
@@ -137,8 +138,17 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         bar.update(1)
         await artifact.update(bar.n)
 
+    # Workers behind HTTP (vLLM, the simulated server) are scraped for /metrics while the batch
+    # runs: the snapshots go to the store, the KV usage and queue lengths to the router.
+    endpoints = engine_endpoints(engines)
+    scraper = MetricsScraper(endpoints, store=store, batch_id=batch_id) if endpoints else None
     try:
-        await asyncio.gather(*(drive(s) for s in todo))
+        if scraper is None:
+            await asyncio.gather(*(drive(s) for s in todo))
+        else:
+            async with scraper:
+                coordinator.load_hook = scraper.fill_loads
+                await asyncio.gather(*(drive(s) for s in todo))
     except BaseException as exc:
         store.finish_batch(batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise

@@ -89,6 +89,9 @@ class Coordinator:
     router: Router
     priority: PriorityPolicy
     clock: Callable[[], float] = time.monotonic
+    # Adds what the coordinator cannot see (real KV usage and queue lengths from the workers'
+    # /metrics) to the router's view of the workers.
+    load_hook: Callable[[list[WorkerLoad]], list[WorkerLoad]] | None = None
     moves: int = 0  # inference calls routed away from the sample's previous worker
     sticky: int = 0  # inference calls routed back to the sample's previous worker
     _cached: dict[str, set[int]] = field(default_factory=dict)
@@ -131,11 +134,12 @@ class Coordinator:
 
     # --- steps --------------------------------------------------------------------------------------
     def worker_loads(self) -> list[WorkerLoad]:
-        return [
+        loads = [
             WorkerLoad(name=w, in_flight=g.in_use, queued=g.queued, capacity=g.capacity,
                        cached_samples=self._cached[w])
             for w, g in self._workers.items()
         ]
+        return self.load_hook(loads) if self.load_hook else loads
 
     async def acquire(self, ticket: StepTicket) -> str:
         """Wait for the resource the step needs; returns its slot name ("env-3", "worker-0#5").

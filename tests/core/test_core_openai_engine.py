@@ -97,3 +97,27 @@ def test_flow_over_http_records_workers_and_tokens(sim_url: str, sqlite_url: str
     inference = [s for s in store.steps(batch_id) if s.kind == "inference"]
     assert inference and all(s.worker == "sim-a" and s.prompt_tokens and s.output_tokens for s in inference)
     store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_flow_scrapes_worker_metrics_into_the_store(sim_url: str, sqlite_url: str) -> None:
+    """A batch against an HTTP worker records the worker's /metrics (vLLM names) in the store."""
+    from agentbatch.db.metrics_models import WorkerMetricSample
+
+    store = Store(sqlite_url)
+    cfg = BatchConfig.model_validate({
+        "workload": {"kind": "bfcl", "params": {"limit": 2, "seed": 9}},
+        "engine": {"kind": "openai", "params": {"endpoints": [{"name": "sim-m", "base_url": sim_url,
+                                                               "model": "tiny-cpu"}]}},
+    })
+    batch_id = create_batch(cfg, store)
+    run_flow(store, batch_id, show_progress=False)
+    with store.session() as s:
+        rows = s.query(WorkerMetricSample).filter_by(batch_id=batch_id).all()
+        from agentbatch.db.models import Worker
+
+        worker = s.query(Worker).filter_by(batch_id=batch_id, name="sim-m").one()
+    assert rows and all(r.worker == "sim-m" for r in rows)
+    assert worker.metrics and worker.endpoint == sim_url
+    store.close()

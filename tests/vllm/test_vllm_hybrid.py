@@ -9,7 +9,7 @@ import asyncio
 
 import httpx
 import pytest
-from vllm_helpers import REPO, VLLM_PYTHON, free_ports
+from vllm_helpers import REPO, VLLM_PYTHON, free_ports, vllm_skip_reason
 
 from agentbatch.tasks.engines.base import ChatRequest
 from agentbatch.tasks.engines.metrics import scrape
@@ -32,8 +32,8 @@ CASES = {
 @pytest.mark.parametrize("arch", sorted(CASES))
 def test_hybrid_model_serves_with_prefix_caching(arch, tmp_path):
     model = REPO / ".cache" / f"tiny-{arch}"
-    if not VLLM_PYTHON.exists() or not (model / "config.json").exists():
-        pytest.skip(f"needs {VLLM_PYTHON} and {model} (TINY_HYBRID=1 .ci/setup_vllm.sh)")
+    if reason := vllm_skip_reason(model):
+        pytest.skip(reason.replace("run .ci/setup_vllm.sh", "run TINY_HYBRID=1 .ci/setup_vllm.sh"))
     (port,) = free_ports(1)
     cfg = WorkersConfig.model_validate({
         "model": str(model), "served_model_name": "tiny-hybrid", "python": str(VLLM_PYTHON), "device": "cpu",

@@ -16,7 +16,7 @@ import sys
 import httpx
 import pytest
 import yaml
-from vllm_helpers import REPO, TINY_MODEL, VLLM_PYTHON, free_ports, processes_with
+from vllm_helpers import REPO, TINY_MODEL, VLLM_PYTHON, free_ports, processes_with, vllm_skip_reason
 
 from agentbatch.db.metrics_models import worker_metrics
 from agentbatch.db.models import Worker
@@ -39,8 +39,8 @@ from agentbatch.tasks.traces.store_io import export_batch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-if not VLLM_PYTHON.exists() or not (TINY_MODEL / "config.json").exists():
-    pytest.skip(f"needs {VLLM_PYTHON} and {TINY_MODEL} (run .ci/setup_vllm.sh)", allow_module_level=True)
+if reason := vllm_skip_reason():
+    pytest.skip(reason, allow_module_level=True)
 
 BLOCK = 128  # vLLM's CPU block size: prefix hits come in multiples of it
 MAX_LEN = 16384  # BFCL tool schemas alone are ~7k tokens of the tiny tokenizer

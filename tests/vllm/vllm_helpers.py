@@ -14,6 +14,16 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 TINY_MODEL = REPO / ".cache" / "tiny-llama"
+# Written by .ci/setup_vllm.sh only after vLLM imported: a half-built venv does not count.
+VLLM_READY = REPO / ".venv-vllm" / "agentbatch-setup.json"
+
+
+def vllm_skip_reason(model: Path = TINY_MODEL) -> str | None:
+    if not VLLM_PYTHON.exists() or not VLLM_READY.exists():
+        return f"vLLM is not installed in {VLLM_PYTHON.parent.parent} (run .ci/setup_vllm.sh)"
+    if not (model / "config.json").exists():
+        return f"no tiny model at {model} (run .ci/setup_vllm.sh)"
+    return None
 
 
 def free_ports(n: int) -> list[int]:
