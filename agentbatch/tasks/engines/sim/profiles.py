@@ -217,7 +217,7 @@ LING_FLASH_H200 = EngineProfile(
 # 2 layers x 2 KV heads x 64 head dim x 2 bytes x 2 = 1 KiB/token; VLLM_CPU_KVCACHE_SPACE=1 GiB with
 # vLLM-CPU's block size 128 -> 8192 blocks. Cost: ~2,500 tok/s at 16 concurrent requests measured
 # with vllm-cpu on this 2-core machine (6.4 ms per step = 4 ms + 16 x 0.15 ms).
-_TINY_KV = kv_bytes_per_token(2, 2, 64, 2)
+_TINY_KV = kv_bytes_per_token(2, 2, 32, 2)  # the tiny model: hidden 128 over 4 heads
 TINY_CPU = EngineProfile(
     name="tiny-cpu",
     block_size=128,
@@ -232,7 +232,7 @@ TINY_CPU = EngineProfile(
         "layers": 2,
         "attn_layers": 2,
         "kv_heads": 2,
-        "head_dim": 64,
+        "head_dim": 32,
         "dtype_bytes": 2,
         "kv_bytes_per_token": _TINY_KV,
         "kv_gib": 1.0,
