@@ -8,6 +8,7 @@ same flow again on an interrupted batch: completed steps are taken from the stor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -118,7 +119,6 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
 
     bar = tqdm(total=total, initial=total - len(todo), desc=f"batch {batch_id}", unit="sample",
                disable=None if show_progress is None else not show_progress)  # None: auto (tty only)
-    counts = {SampleStatus.COMPLETED: 0, SampleStatus.FAILED: 0}
     artifact = BatchProgressArtifact()  # the Prefect UI's progress bar (a no-op outside a flow run)
     await artifact.start(batch_id, total)
     start = time.perf_counter()
@@ -129,12 +129,11 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
             prior_chain_steps=priors.get(sample.task_id), last_worker=sample.last_worker,
         )
         if not use_prefect:
-            status = await run_sample(batch, sample, progress, direct_executor)
+            await run_sample(batch, sample, progress, direct_executor)
         elif config.execution.mode == "lean":
-            status = await run_sample_lean(batch, sample, progress)
+            await run_sample_lean(batch, sample, progress)
         else:
-            status = await run_sample(batch, sample, progress, prefect_step_executor)
-        counts[status] += 1
+            await run_sample(batch, sample, progress, prefect_step_executor)
         bar.update(1)
         await artifact.update(bar.n)
 
@@ -142,13 +141,11 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     # runs: the snapshots go to the store, the KV usage and queue lengths to the router.
     endpoints = engine_endpoints(engines)
     scraper = MetricsScraper(endpoints, store=store, batch_id=batch_id) if endpoints else None
+    if scraper is not None:
+        coordinator.load_hook = scraper.fill_loads
     try:
-        if scraper is None:
+        async with scraper or contextlib.nullcontext():
             await asyncio.gather(*(drive(s) for s in todo))
-        else:
-            async with scraper:
-                coordinator.load_hook = scraper.fill_loads
-                await asyncio.gather(*(drive(s) for s in todo))
     except BaseException as exc:
         store.finish_batch(batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise
@@ -157,7 +154,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         for e in engines:
             await e.aclose()
         await workload.aclose()
-    failed_before = sum(1 for s in store.samples(batch_id, statuses=[SampleStatus.FAILED]))
+    failed = len(store.samples(batch_id, statuses=[SampleStatus.FAILED]))  # this run's and earlier runs'
     store.finish_batch(batch_id, BatchStatus.COMPLETED)
     await artifact.flush()
     report_path = write_report(store, [batch_id], report_dir) if report_dir is not None else None
@@ -165,7 +162,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         await publish_batch_artifacts(store, batch_id, report_path=report_path)
     return BatchOutcome(
         batch_id=batch_id, status=BatchStatus.COMPLETED, samples=total,
-        completed=total - failed_before, failed=failed_before, wall_s=time.perf_counter() - start,
+        completed=total - failed, failed=failed, wall_s=time.perf_counter() - start,
         peaks=coordinator.peaks(), sticky=coordinator.sticky, moves=coordinator.moves,
         report_path=str(report_path) if report_path else None,
     )
