@@ -31,14 +31,15 @@ def main(args: argparse.Namespace) -> int:
         return fail(str(exc))
     quiet_prefect_defaults()
     from agentbatch.db.store import Store
-    from agentbatch.flows.batch import create_batch, run_flow
+    from agentbatch.flows.batch import create_batch, run_flow, workload_tasks
     from agentbatch.flows.commands.resume import print_outcome
 
-    store = Store(args.db)
-    try:
-        batch_id = create_batch(config, store)
-    except (ValueError, KeyError) as exc:
+    try:  # before the store is opened: a workload that cannot run leaves nothing behind
+        tasks = workload_tasks(config)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
         return fail(f"{args.config}: {exc}")
+    store = Store(args.db)
+    batch_id = create_batch(config, store, tasks)
     print(f"batch {batch_id} created in {store.url} ({len(store.samples(batch_id))} samples); "
           f"resume with: agentbatch resume {batch_id}", flush=True)
     outcome = run_flow(store, batch_id, show_progress=False if args.no_progress else None, report_dir=args.report)
