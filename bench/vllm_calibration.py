@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from agentbatch.tasks.engines.sim.calibrate import fit_cost_model, timings_from_records
+from agentbatch.tasks.engines.sim.calibrate import burst_delivered, fit_cost_model, timings_from_records
 from agentbatch.tasks.engines.sim.model import EngineModel, SimRequest
 from agentbatch.tasks.engines.sim.profiles import get_profile
 from agentbatch.tasks.engines.vllm_workers import WorkerCluster, WorkersConfig
@@ -201,17 +201,9 @@ def main() -> int:
     for name, rows in (("real_a", real_a), ("real_b", real_b)):  # `agentbatch calibrate` reads these
         pd.DataFrame(rows).to_csv(out_dir / f"{name}.csv", index=False)
     print(f"request timings written to {out_dir}/real_a.csv, real_b.csv")
-    # A starved API server can deliver a request's tokens in one burst at the end: then the client
-    # sees ~0 s of decode (and a TTFT covering everything). Such splits would tell the fit that
-    # decode steps cost nothing; keep only those requests' total latency (the fit has a row kind
-    # for that).
-    fit_rows, dropped = [], 0
-    med = np.median([r["decode_s"] / (r["output_tokens"] - 1) for r in real_a if r["output_tokens"] > 1])
-    for r in real_a:
-        if r["output_tokens"] > 1 and r["decode_s"] / (r["output_tokens"] - 1) < 0.2 * med:
-            r = {**r, "prefill_s": None, "decode_s": None}
-            dropped += 1
-        fit_rows.append(r)
+    # The fit keeps only the total latency of requests whose stream came in one burst (calibrate.py).
+    fit_rows = real_a
+    dropped = int(burst_delivered(timings_from_records(fit_rows)).sum())
     print(f"fit input: {len(fit_rows)} requests of run A; {dropped} with a burst-delivered stream kept as "
           "total latency only")
     base = get_profile("tiny-cpu", num_kv_blocks=KV_BLOCKS, max_num_seqs=MAX_NUM_SEQS,

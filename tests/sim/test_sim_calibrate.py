@@ -193,3 +193,26 @@ def test_calibrate_command_from_a_batch_in_the_store(store, tmp_path, capsys):
     assert _close(prof.cost.c0, TRUE.cost.c0, 0.15)
     assert _close(prof.cost.c_prefill, TRUE.cost.c_prefill, 0.2)
     assert main(["calibrate", "--batch", "999999", "--db", store.url, "--out", str(out)]) == 2
+
+
+def test_burst_delivered_streams_count_only_as_total_latency() -> None:
+    """A request whose decode looks free (tokens delivered in one burst) must not teach the fit that
+    decode costs nothing."""
+    import numpy as np
+
+    from agentbatch.tasks.engines.sim.calibrate import Timings, burst_delivered
+
+    n = 6
+    t = Timings(
+        prompt=np.full(n, 100.0), cached=np.zeros(n), output=np.full(n, 51.0),
+        start=np.arange(n, dtype=float), finish=np.arange(n, dtype=float) + 0.6,
+        queue=np.zeros(n), prefill=np.array([0.1] * 5 + [0.59]),
+        decode=np.array([0.5] * 5 + [0.01]), worker=np.array(["w"] * n),
+    )
+    assert burst_delivered(t).tolist() == [False] * 5 + [True]
+    from agentbatch.tasks.engines.sim.calibrate import design_rows
+    from agentbatch.tasks.engines.sim.profiles import get_profile
+
+    _, _, phases, _ = design_rows(t, get_profile("tiny-cpu"))
+    # five decode rows and five prefill rows for the normal requests, one whole-request row for the burst
+    assert sorted(phases.tolist()) == [0] * 5 + [1] * 5 + [2]

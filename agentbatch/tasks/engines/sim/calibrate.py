@@ -174,6 +174,21 @@ class _Phases:
         return window
 
 
+BURST_FRACTION = 0.2
+
+
+def burst_delivered(t: Timings) -> np.ndarray:
+    """Requests whose measured decode is implausibly fast (per token under BURST_FRACTION of the
+    median): a starved API server delivered their tokens in one burst at the end, so the client saw
+    ~0 s of decode and a TTFT covering everything. Their split would tell the fit that decode steps
+    cost nothing; only their total latency is used."""
+    known = ~np.isnan(t.prefill) & ~np.isnan(t.decode) & (t.output > 1)
+    per_token = np.where(known, np.nan_to_num(t.decode) / np.clip(t.output - 1, 1, None), np.nan)
+    if not known.any():
+        return np.zeros(len(t), dtype=bool)
+    return known & (per_token < BURST_FRACTION * np.nanmedian(per_token))
+
+
 def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(X, y, phase, fixed): one row per request phase (phase 0 = decode, 1 = prefill, 2 = whole
     request) and the fixed MoE expert-read part of each row's y (from the base cost model)."""
@@ -183,6 +198,7 @@ def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray
     fixed: list[float] = []
     budget = float(base.max_num_batched_tokens)
     cost = base.cost
+    burst = burst_delivered(t)
 
     def moe(tokens: float) -> float:  # expert-weight read of one step with `tokens` tokens
         if not cost.moe_weight_s:
@@ -200,7 +216,7 @@ def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray
         idx = np.flatnonzero(t.worker == w)
         queue = np.nan_to_num(t.queue[idx], nan=0.0)
         sched = t.start[idx] + queue
-        known = ~np.isnan(t.prefill[idx]) & ~np.isnan(t.decode[idx])
+        known = ~np.isnan(t.prefill[idx]) & ~np.isnan(t.decode[idx]) & ~burst[idx]
         first_tok = np.where(known, sched + np.nan_to_num(t.prefill[idx]), sched)
         fin = t.finish[idx]
         new = np.clip(t.prompt[idx] - t.cached[idx], 1.0, None)
