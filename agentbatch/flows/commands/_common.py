@@ -1,10 +1,15 @@
-"""Helpers shared by the subcommands: the --db option, opening the store, error exits."""
+"""Helpers shared by the subcommands: the --db option, error exits, the end-of-batch summary."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily at run time: `--help` stays fast
+    from agentbatch.db.store import Store
+    from agentbatch.flows.batch import BatchOutcome
 
 EXIT_USAGE = 2  # bad input: config file, batch id, arguments
 
@@ -32,3 +37,13 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
 def fail(message: str, code: int = EXIT_USAGE) -> int:
     print(f"agentbatch: error: {message}", file=sys.stderr)
     return code
+
+
+def print_outcome(store: Store, outcome: BatchOutcome) -> int:
+    """The batch summary in the terminal; exit status 1 when a sample failed."""
+    from agentbatch.dashboards.summary import summarize
+
+    print(summarize(store, outcome.batch_id).to_text())
+    if outcome.report_path:
+        print(f"report: {outcome.report_path}")
+    return 0 if outcome.failed == 0 else 1

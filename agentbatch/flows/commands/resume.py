@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail, print_outcome, quiet_prefect_defaults
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,16 +19,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
-
-
-def print_outcome(store, outcome) -> int:  # type: ignore[no-untyped-def]
-    """The batch summary in the terminal; exit status 1 when a sample failed."""
-    from agentbatch.dashboards.summary import summarize
-
-    print(summarize(store, outcome.batch_id).to_text())
-    if outcome.report_path:
-        print(f"report: {outcome.report_path}")
-    return 0 if outcome.failed == 0 else 1
 
 
 def main(args: argparse.Namespace) -> int:

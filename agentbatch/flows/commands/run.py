@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail, print_outcome, quiet_prefect_defaults
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +32,6 @@ def main(args: argparse.Namespace) -> int:
     quiet_prefect_defaults()
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import create_batch, run_flow, workload_tasks
-    from agentbatch.flows.commands.resume import print_outcome
 
     try:  # before the store is opened: a workload that cannot run leaves nothing behind
         tasks = workload_tasks(config)
