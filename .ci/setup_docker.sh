@@ -64,9 +64,9 @@ if [ "${AGENTBATCH_REBUILD:-0}" = "1" ] || ! docker image inspect "$BASE_IMAGE" 
 fi
 
 CTX="$(mktemp -d /tmp/agentbatch-image.XXXXXX)"
-cp "$HERE/agentbatch/tasks/environments/bash_tasks/Dockerfile" "$CTX/Dockerfile"
-"${PYTHON:-$HERE/.venv/bin/python}" -m agentbatch.tasks.environments.bash_tasks.catalog export "$CTX/tasks" 2>/dev/null \
-  || python3 "$HERE/agentbatch/tasks/environments/bash_tasks/catalog.py" export "$CTX/tasks"
+cp "$HERE/agentbatch/environments/bash_tasks/Dockerfile" "$CTX/Dockerfile"
+"${PYTHON:-$HERE/.venv/bin/python}" -m agentbatch.environments.bash_tasks.catalog export "$CTX/tasks" 2>/dev/null \
+  || python3 "$HERE/agentbatch/environments/bash_tasks/catalog.py" export "$CTX/tasks"
 docker build -q --build-arg BASE="$BASE_IMAGE" -t "$IMAGE" "$CTX" >/dev/null
 rm -rf "$CTX"
 log "built $IMAGE"

@@ -63,7 +63,7 @@ else
     stamp "building tiny model into $MODEL_DIR"
     # tiny_model.py imports only transformers/tokenizers/torch, so it runs in the vLLM venv
     # without installing agentbatch there.
-    "$VENV/bin/python" agentbatch/tasks/engines/tiny_model.py --out "$MODEL_DIR"
+    "$VENV/bin/python" scripts/build_tiny_model.py --out "$MODEL_DIR"
 fi
 t2=$(date +%s)
 stamp "model ready in $((t2 - t1)) s, size $(du -sh "$MODEL_DIR" | cut -f1)"
@@ -72,7 +72,7 @@ if [[ "${TINY_HYBRID:-0}" == "1" ]]; then
         dir=".cache/tiny-${arch//_/-}"
         if [[ ! -f "$dir/config.json" ]]; then
             stamp "building tiny hybrid model ($arch) into $dir"
-            "$VENV/bin/python" agentbatch/tasks/engines/tiny_model.py --arch "$arch" --out "$dir"
+            "$VENV/bin/python" scripts/build_tiny_model.py --arch "$arch" --out "$dir"
         fi
     done
     t2=$(date +%s)

@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from agentbatch.flows.commands.plan import concurrency_for_profile
-from agentbatch.tasks.engines.sim.profiles import get_profile
-from agentbatch.tasks.traces import FAMILIES, chain_priors, generate
-from agentbatch.tasks.virtual_time import PolicySpec, VirtualConfig, simulate
+from agentbatch.sim.profiles import get_profile
+from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
+from agentbatch.traces import FAMILIES, chain_priors, generate
 
 COLUMNS = ("family", "row", "makespan_s", "vs_base", "vs_LB", "LB_s", "LB_term", "hit_rate", "recomputed_tok",
            "p50_s", "p99_s", "score")  # fmt: skip

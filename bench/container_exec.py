@@ -17,7 +17,7 @@ import subprocess
 import time
 import uuid
 
-from agentbatch.tasks.environments.docker_pool import DockerPool
+from agentbatch.environments.docker_pool import DockerPool
 
 
 def pct(xs: list[float], q: float) -> float:

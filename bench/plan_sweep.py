@@ -23,9 +23,9 @@ import sys
 import time
 
 from agentbatch.flows.commands.plan import concurrency_for_profile
-from agentbatch.tasks.engines.sim.profiles import get_profile
-from agentbatch.tasks.traces.generators import generate, get_family
-from agentbatch.tasks.virtual_time import VirtualConfig, simulate
+from agentbatch.sim.profiles import get_profile
+from agentbatch.sim.virtual_time import VirtualConfig, simulate
+from agentbatch.traces.generators import generate, get_family
 
 CASES = [
     # family, profile, samples (full, quick), drop the shared prefix

@@ -1,4 +1,4 @@
-"""Speed and behaviour of the simulated engine model (agentbatch.tasks.engines.sim).
+"""Speed and behaviour of the simulated engine model (agentbatch.sim).
 
     .venv/bin/python bench/sim_engine.py [--quick]
 
@@ -16,7 +16,7 @@ import argparse
 import random
 import time
 
-from agentbatch.tasks.engines.sim import PROFILES, EngineModel, SimRequest, get_profile
+from agentbatch.sim import PROFILES, EngineModel, SimRequest, get_profile
 
 
 def agent_loop(

@@ -13,8 +13,8 @@ import argparse
 import sys
 import time
 
-from agentbatch.tasks.traces import generate
-from agentbatch.tasks.virtual_time import PolicySpec, VirtualConfig, simulate
+from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
+from agentbatch.traces import generate
 
 CONFIG = VirtualConfig(workers=8, env_slots=256, max_active=2048, router=PolicySpec("trajectory_aware"),
                        env_queue=PolicySpec("caas"), priority=PolicySpec("chain_progress"))  # fmt: skip

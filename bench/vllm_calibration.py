@@ -6,7 +6,7 @@
    with `max_tokens` + `ignore_eos`, and the "environment" waits between turns. Prompts are sent as
    token ids (/v1/completions), so the simulator sees exactly the same tokens and prefixes.
    Per request: start, first token (streaming), finish, prompt / cached tokens.
-3. Fit the simulated engine's cost model (agentbatch.tasks.engines.sim.calibrate) on run A.
+3. Fit the simulated engine's cost model (agentbatch.sim.calibrate) on run A.
 4. Replay both workloads in the simulator (closed loop: a sample's next turn arrives one recorded
    environment wait after its previous turn finished in the simulation) with the base profile and
    with the fitted one, and print the per-request latency error (median / p90 of |sim - real| / real)
@@ -34,10 +34,10 @@ import httpx
 import numpy as np
 import pandas as pd
 
-from agentbatch.tasks.engines.sim.calibrate import burst_delivered, fit_cost_model, timings_from_records
-from agentbatch.tasks.engines.sim.model import EngineModel, SimRequest
-from agentbatch.tasks.engines.sim.profiles import get_profile
-from agentbatch.tasks.engines.vllm_workers import WorkerCluster, WorkersConfig
+from agentbatch.engines.vllm_workers import WorkerCluster, WorkersConfig
+from agentbatch.sim.calibrate import burst_delivered, fit_cost_model, timings_from_records
+from agentbatch.sim.model import EngineModel, SimRequest
+from agentbatch.sim.profiles import get_profile
 
 REPO = Path(__file__).resolve().parents[1]
 VENV = REPO / ".venv-vllm"

@@ -13,7 +13,8 @@ from typing import Any
 from sqlalchemy import Float, ForeignKey, Index, Integer, String, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from agentbatch.db.models import Base
+from agentbatch.db import models as _models  # noqa: F401  (the batches table its rows point at)
+from agentbatch.db.base import Base
 
 
 class WorkerMetricSample(Base):

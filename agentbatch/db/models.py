@@ -14,11 +14,9 @@ import enum
 from typing import Any
 
 from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-
-class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+from agentbatch.db.base import Base
 
 
 class BatchStatus(enum.StrEnum):
@@ -124,7 +122,3 @@ class Worker(Base):
     endpoint: Mapped[str | None] = mapped_column(String(500), nullable=True)
     settings: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-
-
-# Models of other concerns that share this metadata (Alembic and tests see every table).
-from agentbatch.db import metrics_models  # noqa: E402, F401

@@ -23,15 +23,15 @@ from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch
 from agentbatch.dashboards.report import write_report
 from agentbatch.db.models import BatchStatus, SampleStatus
 from agentbatch.db.store import Store
+from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
+from agentbatch.engines.registry import make_engines
+from agentbatch.environments.registry import make_workload
 from agentbatch.flows.config import BatchConfig
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.chain import direct_executor, run_sample
 from agentbatch.tasks.coordinator import Coordinator
-from agentbatch.tasks.engines.metrics import MetricsScraper, engine_endpoints
-from agentbatch.tasks.engines.registry import make_engines
-from agentbatch.tasks.environments.registry import make_workload
 from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_lean
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 from agentbatch.tasks.steps import BatchContext, RetryPolicy

@@ -19,12 +19,12 @@ class _Strict(BaseModel):
 
 
 class WorkloadConfig(_Strict):
-    kind: str = Field("bfcl", description="workload name (see agentbatch.tasks.environments.registry)")
+    kind: str = Field("bfcl", description="workload name (see agentbatch.environments.registry)")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the workload")
 
 
 class EngineConfig(_Strict):
-    kind: str = Field("scripted", description="engine name (see agentbatch.tasks.engines.registry)")
+    kind: str = Field("scripted", description="engine name (see agentbatch.engines.registry)")
     params: dict[str, Any] = Field(
         default_factory=dict,
         description="keyword arguments of the engine factory, e.g. workers, timing, endpoints",
@@ -89,9 +89,9 @@ class BatchConfig(_Strict):
     @model_validator(mode="after")
     def _check_policies(self) -> BatchConfig:
         # Fail at load time, not mid-batch, on unknown policy or component names.
+        from agentbatch.engines.registry import ENGINES
+        from agentbatch.environments.registry import WORKLOADS
         from agentbatch.scheduling import registry
-        from agentbatch.tasks.engines.registry import ENGINES
-        from agentbatch.tasks.environments.registry import WORKLOADS
 
         checks = [
             ("workload.kind", self.workload.kind, WORKLOADS),

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentbatch.protocols.engine import ChatResult, Message, ToolSchema
+from agentbatch.protocols.environment import EnvReset, EnvResult
 from agentbatch.scheduling.types import StepKind
-from agentbatch.tasks.engines.base import ChatResult, Message, ToolSchema
-from agentbatch.tasks.environments.base import EnvReset, EnvResult
 
 
 def kind_of(step_index: int) -> StepKind:

@@ -11,9 +11,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from agentbatch.db.models import Sample, SampleStatus
+from agentbatch.protocols.environment import Environment, EnvironmentFailure, TaskSpec
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
-from agentbatch.tasks.environments.base import Environment, EnvironmentFailure, TaskSpec
 from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
 
 log = logging.getLogger(__name__)

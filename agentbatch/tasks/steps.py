@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 
 from agentbatch.db.store import StepOutcome, Store
+from agentbatch.engines.openai_http import EngineFailure
+from agentbatch.protocols.engine import ChatRequest, Engine
+from agentbatch.protocols.environment import Environment, EnvironmentFactory, EnvironmentFailure, TaskSpec
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
 from agentbatch.tasks.coordinator import Coordinator
-from agentbatch.tasks.engines.base import ChatRequest, Engine
-from agentbatch.tasks.engines.openai_http import EngineFailure
-from agentbatch.tasks.environments.base import Environment, EnvironmentFactory, EnvironmentFailure, TaskSpec
 
 RETRYABLE = (EnvironmentFailure, EngineFailure, httpx.HTTPError, TimeoutError, ConnectionError)
 

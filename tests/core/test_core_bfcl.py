@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from agentbatch.engines.scripted import build_scripted_workers
+from agentbatch.environments.bfcl import CATEGORIES, BfclWorkload, parse_call, to_openai_tool
+from agentbatch.protocols.engine import ChatRequest
+from agentbatch.protocols.environment import TaskSpec
 from agentbatch.tasks.agent import AgentState
-from agentbatch.tasks.engines.base import ChatRequest
-from agentbatch.tasks.engines.scripted import build_scripted_workers
-from agentbatch.tasks.environments.base import TaskSpec
-from agentbatch.tasks.environments.bfcl import CATEGORIES, BfclWorkload, parse_call, to_openai_tool
 
 NO_WAIT = {"timing": {"kind": "token", "scale": 0}}
 

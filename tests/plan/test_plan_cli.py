@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agentbatch.flows.cli import main
-from agentbatch.tasks.traces.generators import generate
-from agentbatch.tasks.traces.parquet import write_trace
+from agentbatch.traces.generators import generate
+from agentbatch.traces.parquet import write_trace
 
 STATS = [
     "--mean-context",

@@ -7,11 +7,11 @@ from importlib import resources
 
 import pytest
 
-from agentbatch.scheduling.model_shape import ConfigError, shape_from_config
+from agentbatch.planning.model_shape import ConfigError, shape_from_config
 
 
 def preset(name: str) -> dict:
-    text = resources.files("agentbatch.scheduling.model_configs").joinpath(f"{name}.json").read_text()
+    text = resources.files("agentbatch.planning.model_configs").joinpath(f"{name}.json").read_text()
     return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from agentbatch.flows.commands.plan import concurrency_for_profile, workload_from_trace
-from agentbatch.tasks.engines.sim.profiles import get_profile
-from agentbatch.tasks.traces.generators import generate
+from agentbatch.sim.profiles import get_profile
+from agentbatch.traces.generators import generate
 
 
 def test_pick_for_dense_profile_is_memory_aware() -> None:

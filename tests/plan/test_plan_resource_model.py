@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from agentbatch.scheduling.model_shape import shape_from_config
-from agentbatch.scheduling.resource_model import (
+from agentbatch.planning.model_shape import shape_from_config
+from agentbatch.planning.resource_model import (
     EngineOptions,
     Hardware,
     LinearCost,
@@ -192,7 +192,7 @@ def test_roofline_busy_batch_dense() -> None:
     from importlib import resources
 
     cfg = json.loads(
-        resources.files("agentbatch.scheduling.model_configs").joinpath("llama-3-8b.json").read_text()
+        resources.files("agentbatch.planning.model_configs").joinpath("llama-3-8b.json").read_text()
     )
     shape = shape_from_config({k: v for k, v in cfg.items() if not k.startswith("_")})
     p = plan(shape, Hardware(141 * GIB), Workload(contexts=(8192.0,), env_fraction=0.0))
@@ -238,7 +238,7 @@ def test_lognormal_workload_matches_mean_and_p95() -> None:
 
 
 def test_returning_evicted_lru_ages() -> None:
-    from agentbatch.scheduling.resource_model import returning_evicted
+    from agentbatch.planning.resource_model import returning_evicted
 
     # no durations, or all equal (every waiting sample has the same age profile): the fraction itself
     assert returning_evicted(0.3, None) == 0.3

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from agentbatch.db.store import Store
+from agentbatch.db.trace_io import export_batch
+from agentbatch.engines.replay import ReplayMismatch, build_replay_workers
+from agentbatch.environments.recorded import RecordedWorkload
 from agentbatch.flows.batch import create_batch, run_batch, run_flow
 from agentbatch.flows.cli import main as cli
 from agentbatch.flows.config import BatchConfig
-from agentbatch.tasks.engines.base import ChatRequest
-from agentbatch.tasks.engines.replay import ReplayMismatch, build_replay_workers
-from agentbatch.tasks.environments.recorded import RecordedWorkload
-from agentbatch.tasks.traces import generate, read_trace, write_trace
-from agentbatch.tasks.traces.conversation import assistant_message, observation_messages
-from agentbatch.tasks.traces.store_io import export_batch
+from agentbatch.protocols.engine import ChatRequest
+from agentbatch.traces import generate, read_trace, write_trace
+from agentbatch.traces.conversation import assistant_message, observation_messages
 
 
 async def _drive(workload: RecordedWorkload, engine) -> list[tuple[dict, list[dict]]]:  # noqa: ANN001
@@ -95,7 +95,7 @@ def _bfcl_config(limit: int) -> BatchConfig:
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_live_replay_of_a_recorded_bfcl_batch_through_the_http_server(sqlite_url: str, tmp_path: Path) -> None:
-    from agentbatch.tasks.engines.sim_server import running_sim_server
+    from agentbatch.engines.sim_server import running_sim_server
 
     store = Store(sqlite_url)
     recorded_id = create_batch(_bfcl_config(4), store)
@@ -121,7 +121,7 @@ def test_live_replay_of_a_recorded_bfcl_batch_through_the_http_server(sqlite_url
         assert [y.output_tokens for y in b.inference_steps] == [x.output_tokens for x in a.inference_steps]
         assert all(y.prompt_tokens and y.worker == "worker-0" for y in b.inference_steps)
     # the recorded batch also replays in virtual time (recorded prompts, outputs and tool durations)
-    from agentbatch.tasks.virtual_time import VirtualConfig, simulate
+    from agentbatch.sim.virtual_time import VirtualConfig, simulate
 
     virtual = simulate(trace, VirtualConfig(workers=2, env_slots=1, max_active=4))
     assert virtual.summary.mean_score == pytest.approx(sum(s.score for s in trace.samples) / len(trace.samples))

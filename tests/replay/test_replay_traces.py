@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from agentbatch.db.store import Store
-from agentbatch.tasks.traces import FAMILIES, chain_priors, generate, read_trace, write_trace
-from agentbatch.tasks.traces.store_io import export_batch, import_trace
+from agentbatch.db.trace_io import export_batch, import_trace
+from agentbatch.traces import FAMILIES, chain_priors, generate, read_trace, write_trace
 
 
 def _shape(trace):

@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from agentbatch.tasks.engines.sim.profiles import CostModel, EngineProfile
-from agentbatch.tasks.traces import generate
-from agentbatch.tasks.traces.schema import Trace, TraceSample, TraceStep
-from agentbatch.tasks.virtual_time import PolicySpec, VirtualConfig, simulate
-from agentbatch.tasks.virtual_time.bounds import trace_lower_bound
+from agentbatch.sim.profiles import CostModel, EngineProfile
+from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
+from agentbatch.sim.virtual_time.bounds import trace_lower_bound
+from agentbatch.traces import generate
+from agentbatch.traces.schema import Trace, TraceSample, TraceStep
 
 BASE = VirtualConfig(workers=2, profile="llama3-8b-h100", env_slots=4, max_active=12)
 CONFIGS = {

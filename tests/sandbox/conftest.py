@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentbatch.tasks.environments.docker_pool import DEFAULT_IMAGE, list_labelled, remove_labelled
+from agentbatch.environments.docker_pool import DEFAULT_IMAGE, list_labelled, remove_labelled
 
 IMAGE = os.environ.get("AGENTBATCH_SANDBOX_IMAGE", DEFAULT_IMAGE)
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from agentbatch.tasks.environments.bash_tasks import catalog
-from agentbatch.tasks.environments.bash_tasks.workload import BashTasksWorkload
-from agentbatch.tasks.environments.registry import make_workload
+from agentbatch.environments.bash_tasks import catalog
+from agentbatch.environments.bash_tasks.workload import BashTasksWorkload
+from agentbatch.environments.registry import make_workload
 
 
 def test_catalog_shape() -> None:

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from agentbatch.tasks.environments.capacity import CapacityLimiter
+from agentbatch.environments.capacity import CapacityLimiter
 
 
 def test_limit_holds_and_is_reached() -> None:

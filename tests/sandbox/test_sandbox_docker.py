@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from agentbatch.tasks.environments.docker_pool import (
+from agentbatch.environments.docker_pool import (
     BATCH_LABEL,
     OWNER_LABEL,
     DockerPool,

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from agentbatch.tasks.environments.base import EnvironmentFailure
-from agentbatch.tasks.environments.bash_tasks.workload import BashTasksWorkload
-from agentbatch.tasks.environments.docker_pool import list_labelled
+from agentbatch.environments.bash_tasks.workload import BashTasksWorkload
+from agentbatch.environments.docker_pool import list_labelled
+from agentbatch.protocols.environment import EnvironmentFailure
 
 pytestmark = pytest.mark.docker
 

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from agentbatch.db.store import Store
+from agentbatch.environments.docker_pool import list_labelled
 from agentbatch.flows.batch import run_batch
 from agentbatch.flows.config import BatchConfig
-from agentbatch.tasks.environments.docker_pool import list_labelled
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

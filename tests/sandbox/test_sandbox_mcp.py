@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from agentbatch.tasks.environments.base import EnvironmentFailure
-from agentbatch.tasks.environments.mcp_client import McpConnection, McpServerSpec, result_text
-from agentbatch.tasks.environments.mcp_env import McpWorkload, parse_call
-from agentbatch.tasks.environments.registry import make_workload
+from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
+from agentbatch.environments.mcp_env import McpWorkload, parse_call
+from agentbatch.environments.registry import make_workload
+from agentbatch.protocols.environment import EnvironmentFailure
 
-PROBE = {"name": "probe", "command": sys.executable, "args": ["-m", "agentbatch.tasks.environments.mcp_servers.probe_server"]}
+PROBE = {"name": "probe", "command": sys.executable, "args": ["-m", "agentbatch.environments.mcp_servers.probe_server"]}
 
 
 def call_msg(*calls: tuple[str, dict]) -> dict:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from agentbatch.tasks.environments.docker_pool import DockerPool, list_labelled
+from agentbatch.environments.docker_pool import DockerPool, list_labelled
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

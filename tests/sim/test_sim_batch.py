@@ -9,7 +9,7 @@ from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, run_flow
 from agentbatch.flows.cli import main
 from agentbatch.flows.config import BatchConfig
-from agentbatch.tasks.engines.sim import get_profile
+from agentbatch.sim import get_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

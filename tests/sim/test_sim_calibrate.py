@@ -15,10 +15,10 @@ from sqlalchemy import update
 from agentbatch.db.models import Step
 from agentbatch.db.store import StepOutcome
 from agentbatch.flows.cli import main
-from agentbatch.tasks.engines.sim import SimRequest, get_profile
-from agentbatch.tasks.engines.sim.calibrate import fit_cost_model, timings_from_records
-from agentbatch.tasks.engines.sim.drive import drive
-from agentbatch.tasks.engines.sim.profiles import save_profile
+from agentbatch.sim import SimRequest, get_profile
+from agentbatch.sim.calibrate import fit_cost_model, timings_from_records
+from agentbatch.sim.drive import drive
+from agentbatch.sim.profiles import save_profile
 
 TRUE = get_profile("llama3-8b-h100")
 BASE = get_profile(
@@ -122,13 +122,13 @@ def test_calibrate_command_from_a_table(tmp_path, measured, fmt, capsys):
     assert prof.name == "my-gpu"
     assert _close(prof.cost.c0, TRUE.cost.c0, 0.15)
     # the fitted profile drives the timing model directly
-    from agentbatch.tasks.engines.timing import make_timing
+    from agentbatch.engines.timing import make_timing
 
     assert make_timing({"kind": "simulated", "profile": str(out)}).profile.cost == prof.cost
 
 
 def test_check_reruns_the_requests_and_the_fitted_profile_matches_better(tmp_path, measured, capsys):
-    from agentbatch.tasks.engines.sim.calibrate import compare_to_measured
+    from agentbatch.sim.calibrate import compare_to_measured
 
     t = timings_from_records(measured)
     fitted = fit_cost_model(t, BASE).profile
@@ -200,7 +200,7 @@ def test_burst_delivered_streams_count_only_as_total_latency() -> None:
     decode costs nothing."""
     import numpy as np
 
-    from agentbatch.tasks.engines.sim.calibrate import Timings, burst_delivered
+    from agentbatch.sim.calibrate import Timings, burst_delivered
 
     n = 6
     t = Timings(
@@ -210,8 +210,8 @@ def test_burst_delivered_streams_count_only_as_total_latency() -> None:
         decode=np.array([0.5] * 5 + [0.01]), worker=np.array(["w"] * n),
     )
     assert burst_delivered(t).tolist() == [False] * 5 + [True]
-    from agentbatch.tasks.engines.sim.calibrate import design_rows
-    from agentbatch.tasks.engines.sim.profiles import get_profile
+    from agentbatch.sim.calibrate import design_rows
+    from agentbatch.sim.profiles import get_profile
 
     _, _, phases, _ = design_rows(t, get_profile("tiny-cpu"))
     # five decode rows and five prefill rows for the normal requests, one whole-request row for the burst

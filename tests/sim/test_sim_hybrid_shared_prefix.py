@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from agentbatch.tasks.engines.sim.model import EngineModel, SimRequest
-from agentbatch.tasks.engines.sim.profiles import get_profile
+from agentbatch.sim.model import EngineModel, SimRequest
+from agentbatch.sim.profiles import get_profile
 
 
 def run(profile: str) -> list[tuple[int, int]]:

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from agentbatch.tasks.engines.sim import CostModel, EngineModel, EngineProfile, SimRequest
-from agentbatch.tasks.engines.sim.drive import drive
+from agentbatch.sim import CostModel, EngineModel, EngineProfile, SimRequest
+from agentbatch.sim.drive import drive
 
 COST = CostModel(c0=0.010, c_prefill=0.001, c_decode=0.002, c_attn=0.0)
 

@@ -9,10 +9,10 @@ import json
 import httpx
 import pytest
 
-from agentbatch.tasks.engines.sim import get_profile
-from agentbatch.tasks.engines.sim_server import filler_text, running_sim_server
-from agentbatch.tasks.engines.timing import make_timing
-from agentbatch.tasks.engines.tokens import chat_tokens, count_tokens
+from agentbatch.engines.sim_server import filler_text, running_sim_server
+from agentbatch.engines.timing import make_timing
+from agentbatch.protocols.tokens import chat_tokens, count_tokens
+from agentbatch.sim import get_profile
 
 SYSTEM = {"role": "system", "content": "You are a careful agent. Use the tools. " * 40}
 TOOLS = [
@@ -237,7 +237,7 @@ def test_unknown_timing_profile_is_a_clear_error():
 
 def test_the_vllm_metrics_scraper_reads_the_simulated_server(server):
     """agentbatch's own /metrics scraper (written against real vLLM) understands the simulated one."""
-    from agentbatch.tasks.engines.metrics import scrape
+    from agentbatch.engines.metrics import scrape
 
     async def go():
         async with httpx.AsyncClient() as client:

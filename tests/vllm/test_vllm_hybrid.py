@@ -11,10 +11,10 @@ import httpx
 import pytest
 from vllm_helpers import REPO, VLLM_PYTHON, free_ports, vllm_skip_reason
 
-from agentbatch.tasks.engines.base import ChatRequest
-from agentbatch.tasks.engines.metrics import scrape
-from agentbatch.tasks.engines.openai_http import OpenAIEngine
-from agentbatch.tasks.engines.vllm_workers import WorkerCluster, WorkersConfig
+from agentbatch.engines.metrics import scrape
+from agentbatch.engines.openai_http import OpenAIEngine
+from agentbatch.engines.vllm_workers import WorkerCluster, WorkersConfig
+from agentbatch.protocols.engine import ChatRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

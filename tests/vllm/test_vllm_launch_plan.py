@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentbatch.tasks.engines.vllm_workers import (
+from agentbatch.engines.vllm_workers import (
     WorkerProcess,
     WorkersConfig,
     WorkersError,

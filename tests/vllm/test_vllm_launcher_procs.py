@@ -15,7 +15,7 @@ import pytest
 import yaml
 from vllm_helpers import REPO, fake_config, processes_with
 
-from agentbatch.tasks.engines.vllm_workers import (
+from agentbatch.engines.vllm_workers import (
     WorkerCluster,
     WorkersError,
     down_from_file,

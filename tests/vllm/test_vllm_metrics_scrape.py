@@ -9,8 +9,7 @@ from vllm_helpers import fake_config
 
 from agentbatch.db.metrics_models import worker_metrics
 from agentbatch.db.models import Worker
-from agentbatch.scheduling.types import WorkerLoad
-from agentbatch.tasks.engines.metrics import (
+from agentbatch.engines.metrics import (
     MetricsScraper,
     WorkerMetrics,
     fill_load,
@@ -18,7 +17,8 @@ from agentbatch.tasks.engines.metrics import (
     metrics_url,
     parse_prometheus,
 )
-from agentbatch.tasks.engines.vllm_workers import WorkerCluster
+from agentbatch.engines.vllm_workers import WorkerCluster
+from agentbatch.scheduling.types import WorkerLoad
 
 # Lines as vLLM 0.32 (CPU) prints them, after two requests sharing a 979-token prompt.
 REAL = r"""

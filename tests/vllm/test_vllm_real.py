@@ -21,12 +21,10 @@ from vllm_helpers import REPO, TINY_MODEL, VLLM_PYTHON, free_ports, processes_wi
 from agentbatch.db.metrics_models import worker_metrics
 from agentbatch.db.models import Worker
 from agentbatch.db.store import Store
-from agentbatch.flows.batch import batch_flow, create_batch, execute_batch
-from agentbatch.flows.config import BatchConfig
-from agentbatch.tasks.engines.base import ChatRequest
-from agentbatch.tasks.engines.metrics import MetricsScraper, scrape
-from agentbatch.tasks.engines.openai_http import OpenAIEngine
-from agentbatch.tasks.engines.vllm_workers import (
+from agentbatch.db.trace_io import export_batch
+from agentbatch.engines.metrics import MetricsScraper, scrape
+from agentbatch.engines.openai_http import OpenAIEngine
+from agentbatch.engines.vllm_workers import (
     WorkerCluster,
     WorkersConfig,
     group_alive,
@@ -34,8 +32,10 @@ from agentbatch.tasks.engines.vllm_workers import (
     read_endpoints,
     read_processes,
 )
-from agentbatch.tasks.traces.parquet import read_trace, write_trace
-from agentbatch.tasks.traces.store_io import export_batch
+from agentbatch.flows.batch import batch_flow, create_batch, execute_batch
+from agentbatch.flows.config import BatchConfig
+from agentbatch.protocols.engine import ChatRequest
+from agentbatch.traces.parquet import read_trace, write_trace
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agentbatch.tasks.engines.vllm_workers import WorkersConfig
+from agentbatch.engines.vllm_workers import WorkersConfig
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from agentbatch.db.models import Base
+from agentbatch.db import metrics_models, models  # noqa: F401  (register every table)
+from agentbatch.db.base import Base
 
 config = context.config
 target_metadata = Base.metadata

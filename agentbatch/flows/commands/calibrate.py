@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentbatch.flows.commands._common import fail
-    from agentbatch.tasks.engines.sim.calibrate import fit_cost_model, timings_from_file, timings_from_store
-    from agentbatch.tasks.engines.sim.profiles import get_profile, save_profile
+    from agentbatch.sim.calibrate import fit_cost_model, timings_from_file, timings_from_store
+    from agentbatch.sim.profiles import get_profile, save_profile
 
     try:
         base = get_profile(args.base)
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     print(fit.to_text())
     extra = {"fit": {k: v for k, v in fit.to_dict().items() if k != "profile"}}
     if args.check:
-        from agentbatch.tasks.engines.sim.calibrate import compare_to_measured
+        from agentbatch.sim.calibrate import compare_to_measured
 
         for label, prof in (("base", base), ("fitted", profile)):
             c = compare_to_measured(prof, timings)

@@ -15,10 +15,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agentbatch.scheduling.model_shape import ConfigError, ModelShape, shape_from_config
-from agentbatch.scheduling.resource_model import GIB, EngineOptions, Hardware, Plan, PlanError, Workload, plan
+from agentbatch.planning.model_shape import ConfigError, ModelShape, shape_from_config
+from agentbatch.planning.resource_model import GIB, EngineOptions, Hardware, Plan, PlanError, Workload, plan
 
-PRESET_PACKAGE = "agentbatch.scheduling.model_configs"
+PRESET_PACKAGE = "agentbatch.planning.model_configs"
 
 
 class InputError(Exception):
@@ -205,10 +205,10 @@ def load_workload(args: argparse.Namespace) -> Workload:
             wl = workload_from_csv(path, args.env_fraction)
         else:
             try:
-                from agentbatch.tasks.traces.parquet import read_trace
+                from agentbatch.traces.parquet import read_trace
             except ImportError as exc:  # pragma: no cover - the traces package ships with agentbatch
                 raise InputError(
-                    f"--trace {path}: Parquet traces need agentbatch.tasks.traces ({exc})"
+                    f"--trace {path}: Parquet traces need agentbatch.traces ({exc})"
                 ) from None
             try:
                 trace = read_trace(path)
@@ -427,13 +427,13 @@ def concurrency_for_profile(
 ) -> tuple[int, dict[str, float]]:
     """Reference concurrency (all workers together) for a trace on simulated-engine workers.
 
-    `profile` is an `EngineProfile` (tasks/engines/sim/profiles.py): its KV capacity, block size,
+    `profile` is an `EngineProfile` (sim/profiles.py): its KV capacity, block size,
     checkpoint pool, max running batch and cost model are the engine. The trace's inference steps
     carry no durations, so the environment fraction f depends on the engine's speed: start from
     40 tokens/s per sequence, then re-estimate the per-sequence decode rate 1 / t_decode(R) at the
     running batch R = (1 - f) N_ref the plan picks, a few times (a fixed point).
     """
-    from agentbatch.scheduling.resource_model import LinearCost, reference_concurrency
+    from agentbatch.planning.resource_model import LinearCost, reference_concurrency
 
     c = profile.cost
     cost = LinearCost(c.c0, c.c_prefill, c.c_decode, c.c_attn)

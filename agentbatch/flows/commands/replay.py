@@ -92,8 +92,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _virtual(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int:
-    from agentbatch.tasks.traces import chain_priors, read_trace
-    from agentbatch.tasks.virtual_time import PolicySpec, VirtualConfig, simulate
+    from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
+    from agentbatch.traces import chain_priors, read_trace
 
     trace = read_trace(args.trace)
     if args.samples is not None:
@@ -162,7 +162,7 @@ def _live(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int:
         "limits": {"max_steps": 100_000},
     })  # fmt: skip
     quiet_prefect_defaults()
-    from agentbatch.tasks.traces import read_trace
+    from agentbatch.traces import read_trace
 
     recorded = {s.index: s.score for s in read_trace(args.trace).samples}
     store = Store(args.db)

@@ -25,13 +25,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.action == "tasks":
-        from agentbatch.tasks.environments.bash_tasks import catalog
+        from agentbatch.environments.bash_tasks import catalog
 
         for t in catalog.TASKS:
             print(f"{t['id']:<18} {t['hint']}")
         return 0
-    from agentbatch.tasks.environments.base import EnvironmentFailure
-    from agentbatch.tasks.environments.docker_pool import cleanup_containers, docker_client, list_labelled
+    from agentbatch.environments.docker_pool import cleanup_containers, docker_client, list_labelled
+    from agentbatch.protocols.environment import EnvironmentFailure
 
     hosts = args.host or [None]
     try:

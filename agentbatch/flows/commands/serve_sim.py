@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agentbatch.engines.sim_server import SimServer, serve
     from agentbatch.flows.commands._common import fail
-    from agentbatch.tasks.engines.sim_server import SimServer, serve
 
     overrides = {}
     if args.num_kv_blocks:

@@ -45,8 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def export_main(args: argparse.Namespace) -> int:
     from agentbatch.db.store import Store
-    from agentbatch.tasks.traces import write_trace
-    from agentbatch.tasks.traces.store_io import export_batch
+    from agentbatch.db.trace_io import export_batch
+    from agentbatch.traces import write_trace
 
     store = Store(args.db)
     try:
@@ -62,8 +62,8 @@ def export_main(args: argparse.Namespace) -> int:
 
 def import_main(args: argparse.Namespace) -> int:
     from agentbatch.db.store import Store
-    from agentbatch.tasks.traces import read_trace
-    from agentbatch.tasks.traces.store_io import import_trace
+    from agentbatch.db.trace_io import import_trace
+    from agentbatch.traces import read_trace
 
     try:
         trace = read_trace(args.file)
@@ -79,7 +79,7 @@ def import_main(args: argparse.Namespace) -> int:
 
 
 def generate_main(args: argparse.Namespace) -> int:
-    from agentbatch.tasks.traces import generate, write_trace
+    from agentbatch.traces import generate, write_trace
 
     try:
         trace = generate(args.family, args.samples, args.seed, tasks=args.tasks, epoch=args.epoch,
@@ -95,7 +95,7 @@ def generate_main(args: argparse.Namespace) -> int:
 def show_main(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from agentbatch.tasks.traces import read_trace
+    from agentbatch.traces import read_trace
 
     try:
         trace = read_trace(args.file)

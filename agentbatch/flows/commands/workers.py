@@ -9,7 +9,7 @@ import sys
 import threading
 from types import FrameType
 
-from agentbatch.tasks.engines.vllm_workers import (
+from agentbatch.engines.vllm_workers import (
     WorkerCluster,
     WorkersError,
     down_from_file,

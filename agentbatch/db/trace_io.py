@@ -1,0 +1,144 @@
+"""Export a batch from the store as a trace, and import a trace into the store as a batch.
+
+Export keeps, per sample, the last completed attempt of every step (abandoned and failed attempts
+are history, not part of the chain). Times become seconds relative to the batch start. The
+conversation is stored once (initial messages + each step's response), as the store does.
+Import writes a completed batch whose rows look like a live run's (same request/response shapes),
+so analytics, `trace export` and history priors work on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import defaultdict
+from typing import Any
+
+from agentbatch.db.models import Batch, BatchStatus, Sample, Step, StepStatus
+from agentbatch.db.store import Store
+from agentbatch.protocols.tokens import chat_tokens, count_tokens, render_message
+from agentbatch.traces.conversation import assistant_message, initial_messages, observation_messages
+from agentbatch.traces.schema import ENVIRONMENT, INFERENCE, Trace, TraceSample, TraceStep
+
+
+def _rel(t: float | None, t0: float) -> float | None:
+    return None if t is None else t - t0
+
+
+def _prefix(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] | None) -> tuple[str, int]:
+    """Prefix group (hash of tools + leading system messages) and its token count."""
+    system = []
+    for m in messages or []:
+        if m.get("role") != "system":
+            break
+        system.append(m)
+    if not system and not tools:
+        return "", 0
+    key = json.dumps([tools or [], system], sort_keys=True).encode()
+    return hashlib.sha1(key).hexdigest()[:12], len(chat_tokens(system, tools))
+
+
+def export_batch(store: Store, batch_id: int) -> Trace:
+    batch = store.get_batch(batch_id)
+    if batch is None:
+        raise ValueError(f"no batch {batch_id} in the store")
+    samples = store.samples(batch_id)
+    steps_by_sample: dict[int, dict[int, Step]] = defaultdict(dict)
+    all_steps = store.steps(batch_id)
+    for st in all_steps:
+        if st.status == StepStatus.COMPLETED:
+            steps_by_sample[st.sample_id][st.index] = st  # later attempts win (ordered by id)
+    t0 = batch.started_at or min((st.started_at for st in all_steps), default=batch.created_at)
+    out: list[TraceSample] = []
+    for sm in samples:
+        recorded = [steps_by_sample[sm.id][i] for i in sorted(steps_by_sample[sm.id])]
+        first_req = recorded[0].request if recorded and recorded[0].request else {}
+        messages, tools = first_req.get("messages"), first_req.get("tools")
+        group, shared = _prefix(messages, tools)
+        ts = TraceSample(
+            index=sm.index, task_id=sm.task_id, task=sm.task or {}, score=sm.score, result=sm.result,
+            status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
+            tools=tools, messages=messages, prefix_group=group, shared_prefix_tokens=shared,
+        )  # fmt: skip
+        for st in recorded:
+            resp = st.response or {}
+            duration = (st.finished_at - st.started_at) if st.finished_at is not None else 0.0
+            step = TraceStep(
+                index=st.index, kind=st.kind, duration_s=duration, enqueued_at=_rel(st.enqueued_at, t0),
+                started_at=_rel(st.started_at, t0), finished_at=_rel(st.finished_at, t0), worker=st.worker,
+                prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
+                recomputed_tokens=st.recomputed_tokens, output_tokens=st.output_tokens, prefill_s=st.prefill_s,
+                decode_s=st.decode_s, engine_queue_s=st.engine_queue_s, tool_calls=st.tool_calls,
+            )  # fmt: skip
+            if st.kind == INFERENCE:
+                step.message = resp.get("message")
+            else:
+                step.observation = list(resp.get("messages") or [])
+                step.obs_tokens = sum(count_tokens(render_message(m)) for m in step.observation)
+                step.done = bool(resp.get("done"))
+                step.tools = resp.get("tools")
+            ts.steps.append(step)
+        out.append(ts)
+    meta = {"source": "store", "batch_id": batch_id, "batch_name": batch.name, "config": batch.config}
+    return Trace(samples=out, meta=meta)
+
+
+def import_trace(store: Store, trace: Trace, name: str | None = None, base_time: float | None = None) -> int:
+    """Write the trace as a completed batch; returns its id. Times are base_time (default: now) +
+    the recorded relative times."""
+    base = time.time() if base_time is None else base_time
+    name = name or f"import:{trace.meta.get('family') or trace.meta.get('batch_name') or 'trace'}"
+    config = {"imported_trace": trace.meta}
+    with store.session() as s, s.begin():
+        finished = [x.finished_at for x in trace.samples if x.finished_at is not None]
+        batch = Batch(
+            name=name, config=json.loads(json.dumps(config, default=str)), status=BatchStatus.COMPLETED,
+            created_at=base, started_at=base, finished_at=base + max(finished, default=0.0),
+        )  # fmt: skip
+        s.add(batch)
+        s.flush()
+        for ts in trace.samples:
+            sm = Sample(
+                batch_id=batch.id, index=ts.index, task_id=ts.task_id, task=ts.task, status=ts.status,
+                steps_done=len(ts.steps), score=ts.score, result=ts.result,
+                admitted_at=None if ts.admitted_at is None else base + ts.admitted_at,
+                finished_at=None if ts.finished_at is None else base + ts.finished_at,
+                last_worker=next((st.worker for st in reversed(ts.steps) if st.kind == INFERENCE), None),
+            )  # fmt: skip
+            s.add(sm)
+            s.flush()
+            messages = initial_messages(ts)
+            clock = 0.0  # for steps without recorded times: back to back
+            for st in ts.steps:
+                start = st.started_at if st.started_at is not None else clock
+                end = st.finished_at if st.finished_at is not None else start + (st.duration_s or 0.0)
+                clock = end
+                if st.kind == INFERENCE:
+                    msg = assistant_message(ts, st)
+                    request: dict[str, Any] = {"n_messages": len(messages)}
+                    if st.index == 0:
+                        request.update(messages=messages, tools=ts.tools or [])
+                    response: dict[str, Any] = {"message": msg, "finish_reason": "stop"}
+                    messages = [*messages, msg]
+                else:
+                    obs = observation_messages(ts, st)
+                    request = {"from_step": st.index - 1}
+                    response = {"messages": obs, "done": st.done}
+                    if st.tools is not None:
+                        response["tools"] = st.tools
+                    messages = [*messages, *obs]
+                s.add(
+                    Step(
+                        batch_id=batch.id, sample_id=sm.id, index=st.index, kind=st.kind,
+                        status=StepStatus.COMPLETED, attempt=1,
+                        enqueued_at=base + (st.enqueued_at if st.enqueued_at is not None else start),
+                        started_at=base + start, finished_at=base + end, worker=st.worker,
+                        prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
+                        recomputed_tokens=st.recomputed_tokens, output_tokens=st.output_tokens,
+                        prefill_s=st.prefill_s, decode_s=st.decode_s, engine_queue_s=st.engine_queue_s,
+                        tool_calls=st.tool_calls if st.kind == ENVIRONMENT else None,
+                        request=request, response=response,
+                    )
+                )  # fmt: skip
+        return batch.id

@@ -1,0 +1,114 @@
+"""An OpenAI-compatible chat-completions client (vLLM's server, the simulated server, others).
+
+Passes the vLLM extensions through when set: `priority` (with `--scheduling-policy priority`) and
+`ignore_eos` (forces the output length together with `max_tokens`, for controlled replay).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from agentbatch.protocols.engine import ChatRequest, ChatResult
+
+
+class EngineFailure(Exception):
+    """The endpoint failed (connection, HTTP 5xx, malformed answer): the step may be retried."""
+
+
+class OpenAIEngine:
+    def __init__(
+        self, name: str, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 600.0
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, headers=headers)
+
+    def payload(self, request: ChatRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": request.messages,
+            "temperature": request.temperature,
+        }
+        if request.tools:
+            body["tools"] = request.tools
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        if request.ignore_eos:
+            body["ignore_eos"] = True
+            body["min_tokens"] = request.max_tokens or 0
+        if request.priority is not None:
+            body["priority"] = request.priority
+        # OpenAI's end-user id; vLLM ignores it, the simulated server keys its per-sample state on it.
+        body.setdefault("user", f"sample-{request.sample_id}")
+        body.update(request.extra)
+        return body
+
+    async def complete(self, request: ChatRequest) -> ChatResult:
+        start = time.perf_counter()
+        try:
+            resp = await self._client.post("/chat/completions", json=self.payload(request))
+        except httpx.HTTPError as exc:
+            raise EngineFailure(f"{self.name}: {exc.__class__.__name__}: {exc}") from exc
+        latency = time.perf_counter() - start
+        if resp.status_code >= 400:
+            raise EngineFailure(f"{self.name}: HTTP {resp.status_code}: {resp.text[:500]}")
+        try:
+            data = resp.json()
+            choice = data["choices"][0]
+            usage = data.get("usage") or {}
+        except (ValueError, KeyError, IndexError) as exc:
+            raise EngineFailure(f"{self.name}: malformed response: {resp.text[:500]}") from exc
+        message = {k: v for k, v in choice["message"].items() if v is not None or k == "content"}
+        message["role"] = "assistant"
+        if not message.get("tool_calls"):
+            message.pop("tool_calls", None)
+        details = usage.get("prompt_tokens_details") or {}
+        split = data.get("agentbatch") or {}  # the simulated server's engine-side timing split
+        return ChatResult(
+            message=message,
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            output_tokens=int(usage.get("completion_tokens", 0)),
+            cached_prompt_tokens=None if details.get("cached_tokens") is None else int(details["cached_tokens"]),
+            latency_s=latency,
+            queue_s=float(split.get("queue_s", 0.0)),
+            prefill_s=float(split.get("prefill_s", 0.0)),
+            decode_s=float(split.get("decode_s", 0.0)),
+            recomputed_tokens=int(split.get("recomputed_tokens", 0)),
+            worker=self.name,
+            finish_reason=choice.get("finish_reason") or "stop",
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def load_endpoints(spec: Any) -> list[dict[str, Any]]:
+    """Endpoints from a list of {name?, base_url, model, api_key?} or a YAML/JSON file of that list
+    (as `agentbatch workers up` writes)."""
+    if isinstance(spec, str | Path):
+        data = yaml.safe_load(Path(spec).read_text())
+        spec = data.get("endpoints", data) if isinstance(data, dict) else data
+    if not isinstance(spec, list) or not spec:
+        raise ValueError("engine.params.endpoints: expected a non-empty list of {base_url, model} or a file")
+    out = []
+    for i, ep in enumerate(spec):
+        if not isinstance(ep, dict) or "base_url" not in ep or "model" not in ep:
+            raise ValueError(f"engine.params.endpoints[{i}]: expected a mapping with base_url and model")
+        out.append({"name": ep.get("name") or f"worker-{i}", **ep})
+    return out
+
+
+def build_openai_workers(params: dict[str, Any], workload: Any) -> list[OpenAIEngine]:
+    """params: endpoints (list or file), timeout_s."""
+    endpoints = load_endpoints(params.get("endpoints"))
+    timeout = float(params.get("timeout_s", 600.0))
+    return [
+        OpenAIEngine(ep["name"], ep["base_url"], ep["model"], ep.get("api_key"), timeout) for ep in endpoints
+    ]

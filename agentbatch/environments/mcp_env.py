@@ -1,0 +1,328 @@
+"""The "mcp" workload: tools discovered from MCP servers, called on the model's behalf.
+
+Servers are given as specs (`command` + `args` over stdio, or a streamable-HTTP `url`). Shared
+servers (the default) are started once for the whole batch and serve every sample concurrently;
+with `per_sample=True` each sample starts its own (stateful tools, e.g. the BFCL backends), with
+`{key}` placeholders in the spec filled from the task's data. A concurrency limit (`max_calls`) is
+the environment capacity. Tool names that clash across servers get the server's name as prefix;
+tools named `agentbatch_*` are the harness's and are hidden from the model.
+
+Tool results with isError (and JSON-RPC errors of a live server) are observations counted in
+`EnvResult.tool_errors`; a dead server, a broken transport or a call without answer raise
+`EnvironmentFailure`. A per-sample environment then closes its servers, and the next call starts
+fresh ones and re-runs the sample's completed tool calls to rebuild their state.
+
+`preset="bfcl"` builds the tasks from BFCL multi-turn entries (`category`, `limit`, `ids`): each
+sample gets its own `bfcl_server`, the user turns come one by one, and the score is 1.0 when the
+backends' final state equals the state the ground truth leads to.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from agentbatch.environments.capacity import CapacityLimiter
+from agentbatch.environments.docker_env import tool_calls_of
+from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
+from agentbatch.protocols.engine import Message, ToolSchema
+from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, TaskSpec
+
+HIDDEN_PREFIX = "agentbatch_"
+BFCL_SERVER = "agentbatch.environments.mcp_servers.bfcl_server"
+
+
+class Toolset:
+    """The tools of a set of connections, as the model sees them, and where each one lives."""
+
+    def __init__(self, connections: list[McpConnection]) -> None:
+        self.connections = connections
+        self.route: dict[str, tuple[McpConnection, str]] = {}
+        self.schemas: list[ToolSchema] = []
+        counts: dict[str, int] = {}
+        for conn in connections:
+            for tool in conn.tools:
+                counts[tool.name] = counts.get(tool.name, 0) + 1
+        for conn in connections:
+            for tool in conn.tools:
+                exposed = tool.name if counts[tool.name] == 1 else f"{conn.spec.name}__{tool.name}"
+                self.route[exposed] = (conn, tool.name)
+                if tool.name.startswith(HIDDEN_PREFIX):
+                    continue
+                self.schemas.append(
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": exposed,
+                            "description": tool.description or "",
+                            "parameters": tool.input_schema or {"type": "object", "properties": {}},
+                        },
+                    }
+                )
+
+
+async def open_toolset(specs: Sequence[McpServerSpec], call_timeout_s: float) -> Toolset:
+    conns = [McpConnection(s, call_timeout_s=call_timeout_s) for s in specs]
+    try:
+        await asyncio.gather(*(c.start() for c in conns))
+    except BaseException:
+        await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
+        raise
+    return Toolset(conns)
+
+
+class McpEnvironment:
+    def __init__(self, workload: McpWorkload, task: TaskSpec) -> None:
+        self.workload = workload
+        self.task = task
+        self.toolset: Toolset | None = None
+        self.turn = 0  # index of the current user turn
+        self.history: list[Message] = []  # assistant messages whose steps completed
+        self.call_log: list[dict[str, Any]] = []  # (name, start, end, error) of each call, for reports
+        self._dirty = False
+
+    def _turns(self) -> list[Message]:
+        return [m if isinstance(m, dict) else {"role": "user", "content": str(m)} for m in self.task.data["turns"]]
+
+    async def _ensure_toolset(self) -> Toolset:
+        if self._dirty and self.workload.per_sample:
+            await self._drop_toolset()
+        self._dirty = False
+        if self.toolset is not None:
+            return self.toolset
+        if not self.workload.per_sample:
+            self.toolset = await self.workload.shared_toolset()
+            return self.toolset
+        specs = [s.formatted(self.task.data.get("server_params", {})) for s in self.workload.specs]
+        self.toolset = await open_toolset(specs, self.workload.call_timeout_s)
+        try:  # rebuild the servers' state from this sample's completed turns (after a failure)
+            for assistant in self.history:
+                await self._run_calls(assistant, record=False)
+        except BaseException:
+            await self._drop_toolset()
+            raise
+        return self.toolset
+
+    async def _drop_toolset(self) -> None:
+        toolset, self.toolset = self.toolset, None
+        if toolset is not None and self.workload.per_sample:
+            await asyncio.gather(*(c.close() for c in toolset.connections), return_exceptions=True)
+
+    async def reset(self, task: TaskSpec) -> EnvReset:
+        self.task, self.turn, self.history = task, 0, []
+        toolset = await self._ensure_toolset()
+        system = task.data.get("system")
+        messages = ([{"role": "system", "content": system}] if system else []) + [self._turns()[0]]
+        return EnvReset(tools=toolset.schemas, messages=messages)
+
+    async def step(self, assistant: Message) -> EnvResult:
+        if not assistant.get("tool_calls"):
+            self.history.append(assistant)
+            self.turn += 1
+            turns = self._turns()
+            if self.turn < len(turns):
+                return EnvResult(messages=[turns[self.turn]])
+            return EnvResult(messages=[], done=True)
+        await self._ensure_toolset()
+        self._dirty = True  # until the calls complete: a cancelled step leaves per-sample state unknown
+        try:
+            result = await self._run_calls(assistant, record=True)
+        except EnvironmentFailure:
+            await self._drop_toolset()  # per-sample: fresh servers + replay on the retry
+            raise
+        self._dirty = False
+        self.history.append(assistant)
+        return result
+
+    async def _run_calls(self, assistant: Message, *, record: bool) -> EnvResult:
+        assert self.toolset is not None
+        calls = tool_calls_of(assistant)
+
+        async def one(call_id: str, name: str, args: dict[str, Any] | None, error: str | None) -> tuple[Message, bool]:
+            target = self.toolset.route.get(name) if self.toolset else None
+            if error or target is None:
+                text = f"error: {error}" if error else f"error: unknown tool {name!r}"
+                return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text}, True
+            conn, tool_name = target
+            loop = asyncio.get_running_loop()
+            async with self.workload.calls.slot():
+                start = loop.time()
+                res = await conn.call(tool_name, args or {})
+                end = loop.time()
+            if record:
+                self.call_log.append({"name": name, "start": start, "end": end, "error": bool(res.is_error)})
+            msg = {"role": "tool", "tool_call_id": call_id, "name": name, "content": result_text(res)}
+            return msg, bool(res.is_error)
+
+        if self.workload.parallel_calls:
+            outcomes = await asyncio.gather(*(one(*c) for c in calls))
+        else:  # stateful tools: in the order the model gave them
+            outcomes = [await one(*c) for c in calls]
+        return EnvResult(
+            messages=[m for m, _ in outcomes],
+            tool_calls=len(calls),
+            tool_errors=sum(e for _, e in outcomes),
+        )
+
+    async def restore(self, assistants: list[Message]) -> None:
+        self.history = list(assistants)
+        self.turn = sum(1 for a in assistants if not a.get("tool_calls"))
+        if self.workload.per_sample:
+            await self._drop_toolset()  # fresh servers, then the recorded calls re-run
+        await self._ensure_toolset()
+
+    async def score(self) -> dict[str, Any]:
+        check = self.task.data.get("check")
+        if not check:
+            return {"score": 0.0, "reason": "task has no check"}
+        toolset = await self._ensure_toolset()
+        conn, tool_name = toolset.route[check["tool"]]
+        res = await conn.call(tool_name, check.get("arguments", {}))
+        text = result_text(res)
+        if "expect_json" in check:
+            ok = not res.is_error and _canonical(json.loads(text)) == _canonical(check["expect_json"])
+        else:
+            ok = not res.is_error and text == check.get("expect")
+        return {"score": 1.0 if ok else 0.0, "turns_done": self.turn}
+
+    async def close(self) -> None:
+        await self._drop_toolset()
+        self.toolset = None
+
+
+def _canonical(value: Any) -> str:
+    # Through JSON once first: keys become strings (mixed int/str keys cannot be sorted).
+    return json.dumps(json.loads(json.dumps(value, default=repr)), sort_keys=True)
+
+
+class McpWorkload:
+    """Factory of the mcp workload (`workload.params` are its keyword arguments).
+
+    servers: list of server specs ({name, command, args, env, cwd} or {name, url}).
+    tasks: list of {id, turns: [user text, ...], system?, ground_truth?, check?, server_params?}.
+    preset: "bfcl" (with category, limit, ids) instead of servers/tasks.
+    per_sample: a server set per sample (default: shared by the whole batch; bfcl: per sample).
+    max_calls: tool calls at once over the batch (None: unlimited); call_timeout_s: per call.
+    parallel_calls: run one assistant message's calls concurrently (default: in order).
+    """
+
+    name = "mcp"
+
+    def __init__(
+        self,
+        servers: list[dict[str, Any]] | None = None,
+        tasks: list[dict[str, Any]] | None = None,
+        preset: str | None = None,
+        category: str = "multi_turn_base",
+        limit: int | None = None,
+        ids: list[str] | None = None,
+        per_sample: bool | None = None,
+        max_calls: int | None = None,
+        call_timeout_s: float = 60.0,
+        parallel_calls: bool = False,
+    ) -> None:
+        if preset == "bfcl":
+            servers = servers or [
+                {"name": "bfcl", "command": sys.executable, "args": ["-m", BFCL_SERVER, "--entry", "{entry}", "--expose-state"]}
+            ]
+            tasks = tasks or bfcl_tasks(category, limit, ids)
+            per_sample = True if per_sample is None else per_sample
+        elif preset is not None:
+            raise ValueError(f"mcp: unknown preset {preset!r}; expected 'bfcl'")
+        if not servers:
+            raise ValueError("mcp: give servers (or preset='bfcl')")
+        self.specs = [McpServerSpec.from_params(s) for s in servers]
+        self._tasks = [
+            TaskSpec(task_id=str(t["id"]), data={k: v for k, v in t.items() if k != "id"}) for t in (tasks or [])
+        ]
+        self.per_sample = bool(per_sample)
+        self.calls = CapacityLimiter(max_calls, "mcp-calls")
+        self.call_timeout_s = call_timeout_s
+        self.parallel_calls = parallel_calls
+        self._shared: Toolset | None = None
+        self._shared_lock = asyncio.Lock()
+
+    def tasks(self) -> list[TaskSpec]:
+        return list(self._tasks)
+
+    def create(self, task: TaskSpec) -> McpEnvironment:
+        return McpEnvironment(self, task)
+
+    async def shared_toolset(self) -> Toolset:
+        async with self._shared_lock:
+            if self._shared is None or not all(c.alive for c in self._shared.connections):
+                if self._shared is not None:  # a shared server died: start the set again
+                    await asyncio.gather(*(c.close() for c in self._shared.connections), return_exceptions=True)
+                self._shared = await open_toolset(self.specs, self.call_timeout_s)
+            return self._shared
+
+    async def aclose(self) -> None:
+        if self._shared is not None:
+            await asyncio.gather(*(c.close() for c in self._shared.connections), return_exceptions=True)
+            self._shared = None
+
+
+# --------------------------------------------------------------------------------------- BFCL
+
+
+def parse_call(text: str, signatures: dict[str, inspect.Signature] | None = None) -> dict[str, Any]:
+    """A BFCL ground-truth call string, e.g. "mv(source='a', destination='b')" -> {name, arguments}.
+
+    Positional arguments ("sort('a.txt')") are named from the method's signature.
+    """
+    node = ast.parse(text, mode="eval").body
+    if not isinstance(node, ast.Call):
+        raise ValueError(f"not a call: {text!r}")
+    func = node.func
+    name = func.id if isinstance(func, ast.Name) else ast.unparse(func)
+    args = [ast.literal_eval(a) for a in node.args]
+    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    if args:
+        if not signatures or name not in signatures:
+            raise ValueError(f"positional arguments but no signature for {name!r}: {text!r}")
+        kwargs = dict(signatures[name].bind(*args, **kwargs).arguments)
+    return {"name": name, "arguments": kwargs}
+
+
+def bfcl_tasks(category: str, limit: int | None, ids: list[str] | None) -> list[dict[str, Any]]:
+    from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry
+
+    from agentbatch.environments.mcp_servers.bfcl_server import Backends
+
+    truth = {g["id"]: g["ground_truth"] for g in load_ground_truth_entry(category)}
+    out = []
+    for entry in load_dataset_entry(category):
+        if ids is not None and entry["id"] not in ids:
+            continue
+        # The state the ground truth leads to, computed in-process with the same backend classes.
+        backends = Backends(
+            entry["involved_classes"],
+            entry.get("initial_config"),
+            entry.get("excluded_function"),
+            long_context="long_context" in category,
+        )
+        signatures = {n: inspect.signature(getattr(o, m)) for n, (o, m) in backends.methods.items()}
+        gt_turns = [[parse_call(c, signatures) for c in turn] for turn in truth[entry["id"]]]
+        for turn in gt_turns:
+            for call in turn:
+                obj, method = backends.methods[call["name"]]
+                getattr(obj, method)(**call["arguments"])
+        expected = json.loads(_canonical(backends.state()))
+        turns = [t[0] if t else {"role": "user", "content": ""} for t in entry["question"]]
+        out.append(
+            {
+                "id": entry["id"],
+                "turns": turns,
+                "ground_truth": gt_turns,
+                "server_params": {"entry": entry["id"]},
+                "check": {"tool": "agentbatch_state", "expect_json": expected},
+            }
+        )
+        if limit is not None and len(out) >= limit:
+            break
+    return out

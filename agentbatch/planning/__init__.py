@@ -1,0 +1,1 @@
+"""Capacity planning: model shapes, the hybrid resource model, reference concurrency, engine flags."""

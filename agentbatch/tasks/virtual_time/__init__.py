@@ -1,6 +1,0 @@
-"""Virtual-time replay: a discrete-event simulation of a whole batch with the live policies."""
-
-from agentbatch.tasks.virtual_time.result import VirtualResult, VirtualSummary, simulate
-from agentbatch.tasks.virtual_time.simulation import PolicySpec, VirtualBatch, VirtualConfig
-
-__all__ = ["PolicySpec", "VirtualBatch", "VirtualConfig", "VirtualResult", "VirtualSummary", "simulate"]

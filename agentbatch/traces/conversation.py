@@ -1,0 +1,50 @@
+"""The conversation of a trace sample: recorded messages where the trace has them, otherwise
+deterministic filler text with the recorded token counts (synthetic traces).
+
+Filler words are a space and four letters, exactly one token of agentbatch's tokenizer, so a
+synthesized message has the recorded number of tokens (plus the chat template's few). Samples of
+one prefix group get the same system text, so real engines see the shared prefix too.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+import zlib
+from typing import Any
+
+from agentbatch.traces.schema import TraceSample, TraceStep
+
+_LETTERS = string.ascii_lowercase
+
+
+def filler(n_tokens: int, key: str) -> str:
+    """`n_tokens` one-token words, the same for the same key."""
+    rng = random.Random(zlib.crc32(key.encode()))
+    return "".join(" " + "".join(rng.choices(_LETTERS, k=4)) for _ in range(max(0, n_tokens)))
+
+
+def initial_messages(sample: TraceSample) -> list[dict[str, Any]]:
+    if sample.messages is not None:
+        return [dict(m) for m in sample.messages]
+    first = sample.steps[0].prompt_tokens if sample.steps and sample.steps[0].prompt_tokens else 0
+    user_tokens = max(1, first - sample.shared_prefix_tokens)
+    return [
+        {"role": "system", "content": filler(sample.shared_prefix_tokens, f"system/{sample.prefix_group}")},
+        {"role": "user", "content": filler(user_tokens, f"task/{sample.index}/{sample.task_id}")},
+    ]
+
+
+def assistant_message(sample: TraceSample, step: TraceStep) -> dict[str, Any]:
+    if step.message is not None:
+        return dict(step.message)
+    return {"role": "assistant", "content": filler(step.output_tokens or 1, f"out/{sample.index}/{step.index}")}
+
+
+def observation_messages(sample: TraceSample, step: TraceStep) -> list[dict[str, Any]]:
+    if step.observation is not None:
+        return [dict(m) for m in step.observation]
+    if not step.obs_tokens:
+        return []
+    # A user message rather than a tool message: synthetic assistants make no tool calls to answer.
+    return [{"role": "user", "content": filler(step.obs_tokens, f"obs/{sample.index}/{step.index}")}]
