@@ -61,7 +61,7 @@ if [[ -f "$MODEL_DIR/config.json" && -f "$MODEL_DIR/tokenizer.json" ]]; then
     stamp "tiny model already at $MODEL_DIR"
 else
     stamp "building tiny model into $MODEL_DIR"
-    # tiny_model.py imports only transformers/tokenizers/torch, so it runs in the vLLM venv
+    # scripts/build_tiny_model.py imports only transformers/tokenizers/torch, so it runs in the vLLM venv
     # without installing agentbatch there.
     "$VENV/bin/python" scripts/build_tiny_model.py --out "$MODEL_DIR"
 fi
