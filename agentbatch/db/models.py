@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from agentbatch.db.base import Base
@@ -23,7 +23,8 @@ class BatchStatus(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
-    FAILED = "failed"
+    COMPLETED_WITH_FAILURES = "completed_with_failures"  # finished; some samples failed
+    FAILED = "failed"  # stopped by an error, by --fail-on-error, or every sample failed
 
 
 class SampleStatus(enum.StrEnum):
@@ -46,7 +47,7 @@ class Batch(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
-    status: Mapped[str] = mapped_column(String(20), default=BatchStatus.PENDING)
+    status: Mapped[str] = mapped_column(String(32), default=BatchStatus.PENDING)
     created_at: Mapped[float] = mapped_column(Float)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -73,6 +74,10 @@ class Sample(Base):
     admitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    # The process driving the sample and until when (db/leases.py); null when nobody drives it.
+    lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # `agentbatch retry` resets
 
     batch: Mapped[Batch] = relationship(back_populates="samples")
 
@@ -82,6 +87,9 @@ class Step(Base):
     __table_args__ = (
         UniqueConstraint("sample_id", "index", "attempt"),
         Index("ix_steps_batch_status", "batch_id", "status"),
+        # one completed attempt per step, whatever the interleaving of processes (migration 0003)
+        Index("ux_steps_one_completion", "sample_id", "index", unique=True,
+              sqlite_where=text("status = 'completed'"), postgresql_where=text("status = 'completed'")),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

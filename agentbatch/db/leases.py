@@ -1,0 +1,175 @@
+"""Sample leases: one process drives a sample at a time.
+
+A process claims unfinished samples of a batch by writing its owner id (`host:pid:random`) and an
+expiry into `samples.lease_owner` / `lease_expires_at`, renews them while it runs, and releases them
+when a sample ends or the process stops. A lease that expired (its process hung or died on another
+host) can be taken over; a lease of a process on this host whose pid is gone is taken over at once,
+so a `resume` right after a SIGKILL does not wait for the expiry.
+
+Claims are atomic: PostgreSQL selects the candidates `FOR UPDATE SKIP LOCKED` (two claimers never
+wait on, or take, the same row); SQLite serialises writers, so one conditional UPDATE is enough.
+The store's partial unique index on completed steps is the last line: even a process whose lease
+was taken over cannot record a step as completed a second time.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import Select, and_, or_, select, update
+
+from agentbatch.db.models import Sample, SampleStatus
+from agentbatch.db.store import Store
+
+UNFINISHED = (SampleStatus.PENDING, SampleStatus.RUNNING)
+
+
+def new_owner() -> str:
+    """A lease owner id: host, pid and a random part (a pid can be reused; the random part cannot)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def owner_is_dead_here(owner: str) -> bool:
+    """True when `owner` names a process on this host that no longer exists."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    return not _pid_alive(int(pid_text))
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignLease:
+    """A live lease of another process on a sample this process could not claim."""
+
+    sample_id: int
+    owner: str
+    expires_at: float
+
+
+class SampleLeases:
+    """The leases one process holds on the samples of one batch."""
+
+    def __init__(self, store: Store, batch_id: int, owner: str | None = None, ttl_s: float = 30.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        self.store = store
+        self.batch_id = batch_id
+        self.owner = owner or new_owner()
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._held: set[int] = set()
+
+    # --- claiming --------------------------------------------------------------------------------
+    def _claimable(self, now: float) -> Select[tuple[int]]:
+        return (
+            select(Sample.id)
+            .where(
+                Sample.batch_id == self.batch_id,
+                Sample.status.in_(UNFINISHED),
+                or_(Sample.lease_owner.is_(None), Sample.lease_owner == self.owner,
+                    Sample.lease_expires_at < now),
+            )
+            .order_by(Sample.index)
+        )
+
+    def claim(self, limit: int | None = None) -> list[Sample]:
+        """Lease up to `limit` unfinished samples nobody else holds (all when None); returns every
+        sample this object holds after the claim, in index order."""
+        self._expire_dead_owners()
+        now = self.clock()
+        candidates = self._claimable(now)
+        if limit is not None:
+            candidates = candidates.limit(limit)
+        with self.store.session() as s, s.begin():
+            if s.get_bind().dialect.name == "postgresql":
+                ids = list(s.scalars(candidates.with_for_update(skip_locked=True)))
+                where = Sample.id.in_(ids)
+            else:  # SQLite: the UPDATE takes the write lock; its subquery sees a stable snapshot
+                ids = None
+                where = Sample.id.in_(candidates.scalar_subquery())
+            if ids != []:
+                s.execute(update(Sample).where(where)
+                          .values(lease_owner=self.owner, lease_expires_at=now + self.ttl_s)
+                          .execution_options(synchronize_session=False))
+        mine = self.store_samples(Sample.lease_owner == self.owner)
+        self._held = {m.id for m in mine}
+        return mine
+
+    def _expire_dead_owners(self) -> None:
+        """Free leases of processes on this host that died (SIGKILL): no need to wait for expiry."""
+        q = (select(Sample.lease_owner).distinct()
+             .where(Sample.batch_id == self.batch_id, Sample.lease_owner.is_not(None),
+                    Sample.lease_owner != self.owner))
+        with self.store.session() as s:
+            owners = [o for o in s.scalars(q) if owner_is_dead_here(o)]
+        for owner in owners:
+            with self.store.session() as s, s.begin():
+                s.execute(update(Sample).where(Sample.batch_id == self.batch_id, Sample.lease_owner == owner)
+                          .values(lease_owner=None, lease_expires_at=None))
+
+    # --- holding ---------------------------------------------------------------------------------
+    def renew(self) -> set[int]:
+        """Extend every held lease; returns the ids still held (a lease another process took over
+        after it expired is dropped from `held`)."""
+        if not self._held:
+            return set()
+        now = self.clock()
+        with self.store.session() as s, s.begin():
+            s.execute(update(Sample)
+                      .where(Sample.id.in_(self._held), Sample.lease_owner == self.owner)
+                      .values(lease_expires_at=now + self.ttl_s)
+                      .execution_options(synchronize_session=False))
+        self._held = {m.id for m in self.store_samples(Sample.lease_owner == self.owner)}
+        return set(self._held)
+
+    def release(self, sample_id: int) -> None:
+        with self.store.session() as s, s.begin():
+            s.execute(update(Sample).where(Sample.id == sample_id, Sample.lease_owner == self.owner)
+                      .values(lease_owner=None, lease_expires_at=None))
+        self._held.discard(sample_id)
+
+    def release_all(self) -> None:
+        with self.store.session() as s, s.begin():
+            s.execute(update(Sample).where(Sample.batch_id == self.batch_id, Sample.lease_owner == self.owner)
+                      .values(lease_owner=None, lease_expires_at=None))
+        self._held.clear()
+
+    def held(self) -> set[int]:
+        return set(self._held)
+
+    def holds(self, sample_id: int) -> bool:
+        """Whether the store still says this process leases the sample (a fresh read)."""
+        with self.store.session() as s:
+            return s.scalar(select(Sample.lease_owner).where(Sample.id == sample_id)) == self.owner
+
+    # --- others ----------------------------------------------------------------------------------
+    def foreign(self) -> list[ForeignLease]:
+        """Unexpired leases of other processes on unfinished samples of the batch."""
+        now = self.clock()
+        rows = self.store_samples(and_(Sample.lease_owner.is_not(None), Sample.lease_owner != self.owner,
+                                       Sample.lease_expires_at >= now))
+        return [ForeignLease(r.id, r.lease_owner or "", r.lease_expires_at or 0.0) for r in rows]
+
+    def store_samples(self, condition) -> list[Sample]:  # type: ignore[no-untyped-def]
+        q = (select(Sample)
+             .where(Sample.batch_id == self.batch_id, Sample.status.in_(UNFINISHED), condition)
+             .order_by(Sample.index))
+        with self.store.session() as s:
+            return list(s.scalars(q))
