@@ -15,11 +15,11 @@ from typing import Any
 
 from agentbatch.engines.timing import TimingModel, make_timing, timed_completion
 from agentbatch.protocols.engine import ChatRequest, ChatResult, Message
-from agentbatch.protocols.environment import TaskSpec
+from agentbatch.protocols.environment import GroundTruthSource, GroundTruthTurn, TaskSpec, ground_truth_turns
 from agentbatch.protocols.tokens import count_tokens, render_message
 
-GroundTruth = list[list[dict[str, Any]]]  # per user turn, the calls {"name", "arguments"}
-END_OF_TURN_TEXT = "Done."
+GroundTruth = list[GroundTruthTurn]  # per user turn, the calls {"name", "arguments"} and the final text
+END_OF_TURN_TEXT = "Done."  # a turn's final text when its ground truth gives none
 
 
 def turn_position(messages: list[Message]) -> tuple[int, int]:
@@ -52,9 +52,11 @@ class ScriptedEngine:
     def next_message(self, request: ChatRequest) -> Message:
         turns = self._ground_truth(request.task_id)
         turn, done_calls = turn_position(request.messages)
-        pending = turns[turn][done_calls:] if turn < len(turns) else []
+        current = turns[turn] if turn < len(turns) else GroundTruthTurn()
+        pending = current.calls[done_calls:]
         if not pending:
-            return {"role": "assistant", "content": END_OF_TURN_TEXT}
+            text = END_OF_TURN_TEXT if current.final_text is None else current.final_text
+            return {"role": "assistant", "content": text}
         calls = [
             {
                 "id": f"call_{request.step_index}_{i}",  # unique within the conversation
@@ -78,19 +80,24 @@ class ScriptedEngine:
 
 
 def ground_truth_lookup(workload: Any) -> Callable[[str], GroundTruth]:
-    """Ground truth by task id: the workload's `ground_truth(task)` if it has one, else the
-    tasks' `data["ground_truth"]`."""
+    """Ground truth by task id: the workload's `ground_truth(task)` (given the full task) if it has
+    one, else the task's `data["ground_truth"]`."""
     cache: dict[str, GroundTruth] = {}
     by_id: dict[str, TaskSpec] = {}
 
     def lookup(task_id: str) -> GroundTruth:
         if task_id not in cache:
-            if hasattr(workload, "ground_truth"):
-                cache[task_id] = workload.ground_truth(TaskSpec(task_id=task_id))
+            if not by_id:
+                by_id.update({t.task_id: t for t in workload.tasks()})
+            task = by_id.get(task_id, TaskSpec(task_id=task_id))
+            if isinstance(workload, GroundTruthSource):
+                raw = workload.ground_truth(task)
+            elif "ground_truth" in task.data:
+                raw = task.data["ground_truth"]
             else:
-                if not by_id:
-                    by_id.update({t.task_id: t for t in workload.tasks()})
-                cache[task_id] = by_id[task_id].data["ground_truth"]
+                raise ValueError(f"task {task_id!r}: the scripted engine needs ground truth (the workload's "
+                                 "ground_truth(task) or the task's data['ground_truth'])")
+            cache[task_id] = ground_truth_turns(raw)
         return cache[task_id]
 
     return lookup

@@ -20,7 +20,14 @@ from functools import cache
 from typing import Any
 
 from agentbatch.protocols.engine import Message, ToolSchema
-from agentbatch.protocols.environment import EnvReset, EnvResult, TaskSpec
+from agentbatch.protocols.environment import (
+    EnvReset,
+    EnvResult,
+    GroundTruthTurn,
+    RecordedTurn,
+    RestoreMode,
+    TaskSpec,
+)
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 FORBIDDEN_CALLS = {"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"}  # as bfcl's executor
@@ -105,6 +112,9 @@ def _load_class(class_name: str) -> type:
 
 class BfclEnvironment:
     """One sample of a BFCL multi-turn task."""
+
+    restore_mode: RestoreMode = "replay"  # in-process backends: re-executing rebuilds their state
+    blocking = False  # the backends are fast pure Python; the loop is cheaper than a thread hop
 
     def __init__(self, task: TaskSpec) -> None:
         self.task = task
@@ -193,9 +203,9 @@ class BfclEnvironment:
             messages = [{"role": "user", "content": DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}]
         return EnvResult(messages=messages, info=info)
 
-    async def restore(self, assistants: list[Message]) -> None:
+    async def restore(self, pairs: list[RecordedTurn]) -> None:
         # Backends are deterministic: re-executing the recorded turns rebuilds their state.
-        for message in assistants:
+        for message, _ in pairs:
             await self.step(message)
 
     async def score(self) -> dict[str, Any]:
@@ -255,12 +265,13 @@ class BfclWorkload:
                 random.Random(self.seed).shuffle(ids)
         if self.limit is not None:
             ids = ids[: self.limit]
-        return [TaskSpec(task_id=tid, data={"category": tid.rsplit("_", 1)[0]}) for tid in ids]
+        return [TaskSpec(task_id=tid, data={"category": tid.rsplit("_", 1)[0]}, group=tid.rsplit("_", 1)[0])
+                for tid in ids]
 
     def create(self, task: TaskSpec) -> BfclEnvironment:
         return BfclEnvironment(task)
 
-    def ground_truth(self, task: TaskSpec) -> list[list[dict[str, Any]]]:
+    def ground_truth(self, task: TaskSpec) -> list[GroundTruthTurn]:
         """Per turn, the ground-truth calls as {"name", "arguments"} (for the scripted engine)."""
         e = entry(task.task_id)
         docs = list(e["function"]) + [d for ds in e.get("missed_function", {}).values() for d in ds]
@@ -268,7 +279,7 @@ class BfclWorkload:
         turns = []
         for calls in e["ground_truth"]:
             parsed = [parse_call(c, tools) for c in calls]
-            turns.append([{"name": n, "arguments": a} for n, a in parsed])
+            turns.append(GroundTruthTurn([{"name": n, "arguments": a} for n, a in parsed]))
         return turns
 
     async def aclose(self) -> None:

@@ -21,7 +21,14 @@ from typing import Any
 
 from agentbatch.environments.docker_pool import DockerPool, ExecResult, Sandbox
 from agentbatch.protocols.engine import Message, ToolSchema
-from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, TaskSpec
+from agentbatch.protocols.environment import (
+    EnvironmentFailure,
+    EnvReset,
+    EnvResult,
+    RecordedTurn,
+    RestoreMode,
+    TaskSpec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +82,9 @@ def format_observation(res: ExecResult, timeout_s: float) -> str:
 
 class DockerEnvironment:
     """A sample's sandbox. Subclasses say what goes in it (`prepare`) and how it is scored (`score`)."""
+
+    restore_mode: RestoreMode = "replay"  # a fresh container re-runs the recorded commands
+    blocking = False  # the pool runs the Docker SDK's calls in threads
 
     def __init__(
         self,
@@ -141,7 +151,8 @@ class DockerEnvironment:
         self.history.append(assistant)
         return result
 
-    async def restore(self, assistants: list[Message]) -> None:
+    async def restore(self, pairs: list[RecordedTurn]) -> None:
+        assistants = [assistant for assistant, _ in pairs]
         self.history = list(assistants)
         try:
             if self.sandbox is None or self.commands_run:

@@ -31,7 +31,7 @@ from agentbatch.environments.capacity import CapacityLimiter
 from agentbatch.environments.docker_env import tool_calls_of
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
 from agentbatch.protocols.engine import Message, ToolSchema
-from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, TaskSpec
+from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, RecordedTurn, TaskSpec
 
 HIDDEN_PREFIX = "agentbatch_"
 BFCL_SERVER = "agentbatch.environments.mcp_servers.bfcl_server"
@@ -77,6 +77,8 @@ async def open_toolset(specs: Sequence[McpServerSpec], call_timeout_s: float) ->
 
 
 class McpEnvironment:
+    blocking = False
+
     def __init__(self, workload: McpWorkload, task: TaskSpec) -> None:
         self.workload = workload
         self.task = task
@@ -169,7 +171,12 @@ class McpEnvironment:
             tool_errors=sum(e for _, e in outcomes),
         )
 
-    async def restore(self, assistants: list[Message]) -> None:
+    @property
+    def restore_mode(self) -> str:
+        return self.workload.restore_mode
+
+    async def restore(self, pairs: list[RecordedTurn]) -> None:
+        assistants = [assistant for assistant, _ in pairs]
         self.history = list(assistants)
         self.turn = sum(1 for a in assistants if not a.get("tool_calls"))
         if self.workload.per_sample:
@@ -244,6 +251,8 @@ class McpWorkload:
         self.calls = CapacityLimiter(max_calls, "mcp-calls")
         self.call_timeout_s = call_timeout_s
         self.parallel_calls = parallel_calls
+        # "replay": servers started per sample hold the state; "external": it lives elsewhere.
+        self.restore_mode = "replay"
         self._shared: Toolset | None = None
         self._shared_lock = asyncio.Lock()
 

@@ -14,7 +14,14 @@ import asyncio
 from typing import Any
 
 from agentbatch.protocols.engine import Message
-from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, TaskSpec
+from agentbatch.protocols.environment import (
+    EnvironmentFailure,
+    EnvReset,
+    EnvResult,
+    RecordedTurn,
+    RestoreMode,
+    TaskSpec,
+)
 from agentbatch.traces.conversation import initial_messages, observation_messages
 from agentbatch.traces.parquet import read_trace
 from agentbatch.traces.schema import Trace, TraceSample
@@ -60,6 +67,9 @@ class RecordedWorkload:
 
 
 class RecordedEnvironment:
+    restore_mode: RestoreMode = "replay"  # nothing to re-execute: only the position in the recording
+    blocking = False
+
     def __init__(self, sample: TraceSample, time_scale: float) -> None:
         self.sample = sample
         self.time_scale = time_scale
@@ -91,9 +101,9 @@ class RecordedEnvironment:
             info=info,
         )
 
-    async def restore(self, assistants: list[Message]) -> None:
+    async def restore(self, pairs: list[RecordedTurn]) -> None:
         # Each assistant turn was answered by one recorded environment step.
-        self._next = min(len(assistants), len(self._env_steps))
+        self._next = min(len(pairs), len(self._env_steps))
 
     async def score(self) -> dict[str, Any]:
         result = dict(self.sample.result or {})

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any
 
 from agentbatch.db.models import Sample, SampleStatus
-from agentbatch.protocols.environment import Environment, EnvironmentFailure, TaskSpec
+from agentbatch.protocols.engine import Message
+from agentbatch.protocols.environment import Environment, EnvironmentFailure, TaskSpec, recorded_turns
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
 from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
@@ -38,11 +41,11 @@ async def run_sample(
     if not admitted:
         await coordinator.admit(progress)
     try:
-        batch.store.admit_sample(sample.id)
+        await batch.writer.update_sample(sample.id, {"status": SampleStatus.RUNNING, "admitted_at": time.time()})
         task = TaskSpec(task_id=sample.task_id, data=sample.task or {})
         env = batch.workload.create(task)
         try:
-            run = await _start(batch, sample.id, task, env, progress)
+            run = await _start(batch, sample.id, task, env, progress, fresh=sample.status == SampleStatus.PENDING)
             while not run.state.done and run.state.step_index < batch.max_steps:
                 ticket = StepTicket(
                     sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
@@ -52,11 +55,11 @@ async def run_sample(
             result = await env.score()
             if not run.state.done:
                 result["stopped"] = f"step limit {batch.max_steps} reached"
-            batch.store.finish_sample(sample.id, score=float(result["score"]), result=result)
+            await _finish(batch, sample.id, score=float(result["score"]), result=result)
             return SampleStatus.COMPLETED
         except StepFailed as exc:
             log.warning("sample %s (%s) failed: %s", sample.index, sample.task_id, exc)
-            batch.store.finish_sample(sample.id, score=None, result=None, error=str(exc))
+            await _finish(batch, sample.id, score=None, result=None, error=str(exc))
             return SampleStatus.FAILED
         finally:
             await env.close()
@@ -64,8 +67,17 @@ async def run_sample(
         coordinator.finish(progress)
 
 
+async def _finish(batch: BatchContext, sample_id: int, *, score: float | None, result: dict[str, Any] | None,
+                  error: str | None = None) -> None:
+    await batch.writer.update_sample(sample_id, {
+        "status": SampleStatus.FAILED if error else SampleStatus.COMPLETED, "score": score, "result": result,
+        "error": error, "finished_at": time.time(),
+    })
+
+
 async def _start(
-    batch: BatchContext, sample_id: int, task: TaskSpec, env: Environment, progress: SampleProgress
+    batch: BatchContext, sample_id: int, task: TaskSpec, env: Environment, progress: SampleProgress, *,
+    fresh: bool = False,
 ) -> SampleRun:
     """Reset the environment and rebuild the sample from the store, retrying infrastructure
     failures (an image that is missing, an engine that is down) as environment steps are; when the
@@ -74,7 +86,8 @@ async def _start(
     for attempt in range(len(delays) + 1):
         try:
             run = SampleRun(sample_id, task, env, AgentState.start(await env.reset(task)), progress)
-            await _rebuild(batch, run)
+            if not fresh:  # a sample never admitted before has nothing recorded: skip the read
+                await _rebuild(batch, run)
             return run
         except EnvironmentFailure as exc:
             if attempt == len(delays):
@@ -87,13 +100,33 @@ async def _start(
 async def _rebuild(batch: BatchContext, run: SampleRun) -> None:
     """Replay the sample's completed steps from the store: nothing completed is executed again; the
     environment only rebuilds its internal state from the recorded assistant turns."""
-    records = batch.store.completed_steps(run.sample_id)
+    history = batch.store.step_history(run.sample_id)
+    records = history.completed
+    run.prior_attempts = history.attempts
+    results: list[list[Message]] = []  # each completed environment step's recorded messages
     for expected, record in enumerate(records):
         if record.index != expected:
             raise RuntimeError(f"sample {run.sample_id}: recorded steps have a gap at {expected}")
         run.state.apply_record(record.kind, record.response or {})
+        if record.kind == StepKind.ENVIRONMENT:
+            results.append(list((record.response or {}).get("messages") or []))
         if record.response and "tools" in record.response:
             run.meta["tools_changed"] = True
     if run.state.assistants:
-        await run.env.restore(run.state.assistants)
+        await run.env.restore(recorded_turns(run.state.assistants, results))
     run.progress.steps_done = len(records)
+
+
+async def drive_all(coros: Iterable[Coroutine[Any, Any, Any]]) -> None:
+    """Run the sample coroutines under one asyncio.TaskGroup: an unexpected error cancels the others
+    and waits for them to unwind (so engines and workloads are closed after the samples, not under
+    them); the first error is raised as itself."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            for coro in coros:
+                group.create_task(coro)
+    except BaseExceptionGroup as errors:
+        first = errors.exceptions[0]
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None

@@ -17,6 +17,7 @@ from agentbatch.flows.batch import create_batch, run_batch, run_flow
 from agentbatch.flows.cli import main as cli
 from agentbatch.flows.config import BatchConfig
 from agentbatch.protocols.engine import ChatRequest
+from agentbatch.protocols.environment import RecordedTurn
 from agentbatch.traces import generate, read_trace, write_trace
 from agentbatch.traces.conversation import assistant_message, observation_messages
 
@@ -139,7 +140,7 @@ def test_recorded_environment_restore_continues_after_the_given_turns(tmp_path: 
     env = workload.create(task)
     asyncio.run(env.reset(task))
     assistants = [assistant_message(sample, st) for st in sample.inference_steps[:2]]
-    asyncio.run(env.restore(assistants))
+    asyncio.run(env.restore([RecordedTurn(a, []) for a in assistants]))
     res = asyncio.run(env.step(assistants[-1]))
     assert res.messages == observation_messages(sample, sample.environment_steps[2])
     assert res.info["recorded_step"] == sample.environment_steps[2].index

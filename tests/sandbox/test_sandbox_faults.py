@@ -12,7 +12,7 @@ import pytest
 
 from agentbatch.environments.bash_tasks.workload import BashTasksWorkload
 from agentbatch.environments.docker_pool import list_labelled
-from agentbatch.protocols.environment import EnvironmentFailure
+from agentbatch.protocols.environment import EnvironmentFailure, RecordedTurn
 
 pytestmark = pytest.mark.docker
 
@@ -140,7 +140,7 @@ def test_restore_reruns_recorded_commands(batch_label: str) -> None:
         try:
             await env.reset(task)
             before = await env.score()
-            await env.restore(turns)
+            await env.restore([RecordedTurn(t, []) for t in turns])
             after = await env.score()
             end = await env.step({"role": "assistant", "content": "fixed"})
             return before, after, end
