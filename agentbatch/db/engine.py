@@ -2,6 +2,11 @@
 
 Default: a SQLite file `agentbatch.sqlite` in the working directory (or `AGENTBATCH_DB_PATH`).
 `AGENTBATCH_DB_URL` (e.g. `postgresql+psycopg://user@host/db`) overrides it.
+
+Migrations are safe when several processes open a fresh store at once: on PostgreSQL they run under
+a transaction-scoped advisory lock, on SQLite inside `BEGIN IMMEDIATE` (the write lock is taken
+before the schema is read), so the second process finds the schema done. Read-only opens
+(`read_only=True`: status, report) never create a file or a table and never migrate.
 """
 
 from __future__ import annotations
@@ -11,10 +16,18 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy.exc import SQLAlchemyError
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 DEFAULT_SQLITE_NAME = "agentbatch.sqlite"
+MIGRATION_LOCK_KEY = 0x61676E74626174  # any constant shared by every agentbatch process ("agntbat")
+
+
+class StoreUnavailable(Exception):
+    """A store that a read-only command cannot open: missing file, no agentbatch schema, old schema."""
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -26,21 +39,45 @@ def resolve_url(url: str | None = None) -> str:
     return f"sqlite:///{Path(path).resolve()}"
 
 
-def make_engine(url: str) -> Engine:
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None for in-memory databases and other dialects)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def make_engine(url: str, *, read_only: bool = False) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30})
+        path = sqlite_path(url)
+        if read_only and path is not None:
+            if not path.is_file():
+                raise StoreUnavailable(f"no store at {path} (a read-only command does not create one)")
+            # mode=ro: SQLite itself refuses to write or create anything through this engine.
+            engine = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true",
+                                   connect_args={"timeout": 30})
+        else:
+            engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
             cur = dbapi_conn.cursor()
-            # WAL lets readers (status, report) run beside the writing batch; foreign keys for cascades.
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=ON")
+            if not read_only:
+                # WAL lets readers (status, report) run beside the writing batch.
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")  # for cascades
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, pool_pre_ping=True)
+    if read_only:
+
+        @event.listens_for(engine, "begin")
+        def _read_only(conn: Connection) -> None:
+            conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+
+    return engine
 
 
 def alembic_config(url: str) -> Config:
@@ -50,9 +87,44 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+def _heads() -> set[str]:
+    return set(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
+
+
+def current_revisions(conn: Connection) -> set[str]:
+    return set(MigrationContext.configure(conn).get_current_heads())
+
+
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision of every branch (`heads`)."""
+    """Bring the schema to the newest revision of every branch (`heads`), once, whoever else is
+    opening the same store at the same moment."""
+    with engine.connect() as conn:
+        if current_revisions(conn) == _heads():
+            return  # the common case: nothing to do, no lock taken
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as conn:
+    with engine.connect() as conn:
+        if conn.dialect.name == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock first: no stale schema read
+        else:
+            conn.begin()
+            if conn.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "heads")
+        conn.commit()
+
+
+def check_readable(engine: Engine) -> None:
+    """Raise StoreUnavailable unless the store exists with the newest schema (read-only commands)."""
+    try:
+        with engine.connect() as conn:
+            current = current_revisions(conn)
+    except SQLAlchemyError as exc:
+        raise StoreUnavailable(f"cannot open the store: {exc.__class__.__name__}: {getattr(exc, 'orig', None) or exc}") from exc
+    if not current:
+        raise StoreUnavailable("the database holds no agentbatch store (no schema)")
+    if current != _heads():
+        raise StoreUnavailable(
+            f"the store's schema {sorted(current)} is older than this agentbatch ({sorted(_heads())}); "
+            "run a writing command (run, resume) once to migrate it"
+        )

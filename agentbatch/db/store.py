@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from agentbatch.db.engine import make_engine, migrate, resolve_url
+from agentbatch.db.engine import check_readable, make_engine, migrate, resolve_url
 from agentbatch.db.models import (
     Batch,
     BatchStatus,
@@ -43,11 +43,21 @@ class StepOutcome:
     worker: str | None = None
 
 
+@dataclass(slots=True)
+class StepHistory:
+    completed: list[Step] = field(default_factory=list)
+    attempts: dict[int, int] = field(default_factory=dict)  # step index -> highest attempt recorded
+
+
 class Store:
-    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+    def __init__(self, url: str | None = None, *, create: bool = True, read_only: bool = False) -> None:
+        """`read_only`: for commands that only read (status, report): never creates a file, a table
+        or a migration; raises StoreUnavailable when there is no up-to-date store at the URL."""
         self.url = resolve_url(url)
-        self.engine = make_engine(self.url)
-        if create:
+        self.engine = make_engine(self.url, read_only=read_only)
+        if read_only:
+            check_readable(self.engine)
+        elif create:
             migrate(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
 
@@ -58,16 +68,17 @@ class Store:
         self.engine.dispose()
 
     # --- batches -------------------------------------------------------------------------------
-    def create_batch(self, name: str, config: dict[str, Any], tasks: Sequence[tuple[str, dict[str, Any]]]) -> int:
-        """Create a batch and its samples (one per (task_id, task data)) in one transaction."""
+    def create_batch(self, name: str, config: dict[str, Any], tasks: Sequence[tuple[Any, ...]]) -> int:
+        """Create a batch and its samples (one per (task_id, task data[, group])) in one transaction."""
         now = time.time()
         with self.session() as s, s.begin():
             batch = Batch(name=name, config=config, status=BatchStatus.PENDING, created_at=now)
             s.add(batch)
             s.flush()
             s.add_all(
-                Sample(batch_id=batch.id, index=i, task_id=task_id, task=data, status=SampleStatus.PENDING)
-                for i, (task_id, data) in enumerate(tasks)
+                Sample(batch_id=batch.id, index=i, task_id=task_id, task=data, status=SampleStatus.PENDING,
+                       task_group=group[0] if group else None)
+                for i, (task_id, data, *group) in enumerate(tasks)
             )
             return batch.id
 
@@ -218,6 +229,18 @@ class Store:
         )
         with self.session() as s:
             return list(s.scalars(q))
+
+    def step_history(self, sample_id: int) -> StepHistory:
+        """A sample's completed steps (by index) and how many attempts each step index has recorded, in
+        one read: what a resumed sample needs to rebuild and to number its next attempt."""
+        q = select(Step).where(Step.sample_id == sample_id).order_by(Step.index, Step.attempt)
+        history = StepHistory()
+        with self.session() as s:
+            for step in s.scalars(q):
+                history.attempts[step.index] = max(history.attempts.get(step.index, 0), step.attempt)
+                if step.status == StepStatus.COMPLETED:
+                    history.completed.append(step)
+        return history
 
     def steps(self, batch_id: int) -> list[Step]:
         with self.session() as s:
