@@ -66,6 +66,7 @@ class Sample(Base):
     index: Mapped[int] = mapped_column(Integer)
     task_id: Mapped[str] = mapped_column(String(200))
     task: Mapped[dict[str, Any]] = mapped_column(JSON)
+    task_group: Mapped[str | None] = mapped_column(String(200), nullable=True)  # TaskSpec.group (suite, category)
     status: Mapped[str] = mapped_column(String(20), default=SampleStatus.PENDING)
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     score: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -53,16 +53,16 @@ class BatchOutcome:
     report_path: str | None = None
 
 
-def workload_tasks(config: BatchConfig) -> list[tuple[str, dict[str, Any]]]:
-    """The (task id, task data) of every sample; raises ValueError for a workload that cannot run."""
+def workload_tasks(config: BatchConfig) -> list[tuple[str, dict[str, Any], str | None]]:
+    """The (task id, task data, group) of every sample; raises ValueError for a workload that cannot run."""
     workload = make_workload(config.workload.kind, config.workload.params)
     tasks = workload.tasks()
     if not tasks:
         raise ValueError(f"workload {config.workload.kind!r} with params {config.workload.params} has no tasks")
-    return [(t.task_id, t.data) for t in tasks]
+    return [(t.task_id, t.data, t.group or None) for t in tasks]
 
 
-def create_batch(config: BatchConfig, store: Store, tasks: list[tuple[str, dict[str, Any]]] | None = None) -> int:
+def create_batch(config: BatchConfig, store: Store, tasks: list[tuple[Any, ...]] | None = None) -> int:
     """Write the batch and its samples (listing the workload's tasks unless given)."""
     tasks = workload_tasks(config) if tasks is None else tasks
     return store.create_batch(config.name, config.model_dump(mode="json"), tasks)

@@ -42,7 +42,7 @@ async def run_sample(
         await coordinator.admit(progress)
     try:
         await batch.writer.update_sample(sample.id, {"status": SampleStatus.RUNNING, "admitted_at": time.time()})
-        task = TaskSpec(task_id=sample.task_id, data=sample.task or {})
+        task = TaskSpec(task_id=sample.task_id, data=sample.task or {}, group=sample.task_group or "")
         env = batch.workload.create(task)
         try:
             run = await _start(batch, sample.id, task, env, progress, fresh=sample.status == SampleStatus.PENDING)
