@@ -1,0 +1,92 @@
+"""What both gateways share: settings, counters, and taking a step's slot from the coordinator.
+
+A step (an inference request or a tool call) takes the next step index of its sample, waits for its
+slot (a worker slot chosen by the router, or an environment slot in CAAS order), runs, and gives
+the slot back; the sample's progress (steps done, time attained) advances when it completed, which
+is what CAAS and the chain-progress priority read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentbatch.db.gateway_records import StepStart
+from agentbatch.gateway.forward import WorkerPool
+from agentbatch.gateway.recorder import StepRecorder
+from agentbatch.gateway.samples import GatewaySample, SampleRegistry
+from agentbatch.scheduling.types import StepKind, StepTicket
+from agentbatch.tasks.coordinator import Coordinator
+
+
+@dataclass
+class GatewaySettings:
+    idle_timeout_s: float = 300.0  # an admitted sample without a step for this long ends
+    end_on_answer: bool = True  # an answer without tool calls ends the sample
+    retries: int = 2  # retries of an inference request after a connection error or HTTP 5xx
+    backoff_s: float = 0.5  # first retry delay; doubles each retry
+    request_timeout_s: float = 600.0  # per request to a worker
+    call_timeout_s: float = 600.0  # per tool call to an upstream MCP server
+    metrics_interval_s: float = 2.0  # how often workers' /metrics are scraped (0: never)
+
+
+@dataclass
+class GatewayCounters:
+    requests: int = 0  # inference requests answered (any status)
+    streamed: int = 0
+    failed: int = 0  # inference requests that ended in an error
+    tool_calls: int = 0
+    tool_failures: int = 0  # upstream failures (not tool errors the upstream reported)
+    waiting: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in StepKind})
+
+
+@dataclass(eq=False)
+class GatewayState:
+    """What the request handlers of both gateways work with."""
+
+    batch_id: int
+    coordinator: Coordinator
+    registry: SampleRegistry
+    recorder: StepRecorder
+    pool: WorkerPool
+    settings: GatewaySettings
+    counters: GatewayCounters = field(default_factory=GatewayCounters)
+    clock: Callable[[], float] = time.time
+
+
+@dataclass(eq=False)
+class HeldSlot:
+    """A step holding its slot."""
+
+    sample: GatewaySample
+    ticket: StepTicket
+    slot: str
+    started_at: float = 0.0
+
+    def start(self, batch_id: int, request: dict[str, Any] | None, started_at: float) -> StepStart:
+        self.started_at = started_at
+        worker = self.ticket.worker if self.ticket.kind == StepKind.INFERENCE else self.slot
+        return StepStart(batch_id=batch_id, sample_id=self.sample.row_id, index=self.ticket.step_index,
+                         kind=self.ticket.kind.value, enqueued_at=self.ticket.enqueued_at, started_at=started_at,
+                         request=request, worker=worker)
+
+
+async def acquire_step(state: GatewayState, sample: GatewaySample, kind: StepKind) -> HeldSlot:
+    ticket = StepTicket(sample=sample.progress, kind=kind, step_index=sample.take_index(),
+                        enqueued_at=state.clock())
+    state.counters.waiting[kind.value] += 1
+    try:
+        slot = await state.coordinator.acquire(ticket)
+    finally:
+        state.counters.waiting[kind.value] -= 1
+    return HeldSlot(sample=sample, ticket=ticket, slot=slot, started_at=state.clock())
+
+
+def release_step(state: GatewayState, held: HeldSlot, *, completed: bool) -> None:
+    if completed:
+        progress = held.sample.progress
+        progress.steps_done += 1
+        progress.attained_s += max(0.0, state.clock() - held.started_at)
+    state.coordinator.release(held.ticket, held.slot)

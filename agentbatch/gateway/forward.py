@@ -1,0 +1,162 @@
+"""Talking to the engine workers: request bodies, response accounting, SSE pass-through.
+
+The gateway forwards the harness's request body as it came (every field the worker understands
+still works) with three changes: `model` is the chosen worker's model, `priority` is the
+coordinator's chain-progress priority (vLLM `--scheduling-policy priority`), and `user` names the
+sample when the harness did not set it (the simulated server keys its per-sample state on it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from agentbatch.db.store import StepOutcome
+
+
+@dataclass(slots=True)
+class WorkerEndpoint:
+    name: str
+    base_url: str
+    model: str
+    api_key: str | None = None
+
+
+class WorkerPool:
+    """One pooled HTTP client per worker."""
+
+    def __init__(self, endpoints: list[WorkerEndpoint], timeout_s: float = 600.0) -> None:
+        if not endpoints:
+            raise ValueError("the gateway needs at least one engine worker endpoint")
+        self.endpoints = {e.name: e for e in endpoints}
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+        self.clients = {
+            e.name: httpx.AsyncClient(
+                base_url=e.base_url.rstrip("/"), timeout=timeout_s, limits=limits,
+                headers={"Authorization": f"Bearer {e.api_key}"} if e.api_key else {},
+            )
+            for e in endpoints
+        }
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({e.model for e in self.endpoints.values()})
+
+    def body_for(self, worker: str, body: dict[str, Any], *, priority: int | None, user: str) -> dict[str, Any]:
+        out = dict(body)
+        out["model"] = self.endpoints[worker].model
+        if priority is not None:
+            out["priority"] = priority
+        out.setdefault("user", user)
+        if out.get("stream"):
+            # Usage comes only in a last chunk the client asks for; the gateway always asks
+            # (and drops that chunk again when the client did not).
+            out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
+        return out
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
+
+
+def outcome_of(data: dict[str, Any], message: dict[str, Any] | None, worker: str) -> StepOutcome:
+    """The step record of a chat-completions answer: the assistant message and the accounting
+    (usage, cached tokens, and the simulated server's engine-side timing split when present)."""
+    usage = data.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or {}
+    split = data.get("agentbatch") or {}
+    choice = (data.get("choices") or [{}])[0]
+    if message is None:
+        message = choice.get("message") or {}
+    cached = details.get("cached_tokens")
+    return StepOutcome(
+        response={"message": message, "finish_reason": choice.get("finish_reason"), "id": data.get("id")},
+        prompt_tokens=_int(usage.get("prompt_tokens")),
+        cached_prompt_tokens=_int(cached),
+        output_tokens=_int(usage.get("completion_tokens")),
+        recomputed_tokens=_int(split.get("recomputed_tokens")),
+        prefill_s=_float(split.get("prefill_s")),
+        decode_s=_float(split.get("decode_s")),
+        engine_queue_s=_float(split.get("queue_s")),
+        worker=worker,
+    )
+
+
+def is_answer(message: dict[str, Any]) -> bool:
+    """A final answer: an assistant message that calls no tool."""
+    return not message.get("tool_calls")
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass
+class StreamAccumulator:
+    """Rebuild the assistant message and the usage from a chat-completions SSE stream."""
+
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    last: dict[str, Any] = field(default_factory=dict)  # id, model, usage, agentbatch split
+    _buffer: bytes = b""
+
+    def feed(self, raw: bytes, *, keep_usage_chunk: bool = True) -> bytes:
+        """Take bytes from the worker; return the bytes to pass on (whole events only)."""
+        self._buffer += raw.replace(b"\r\n", b"\n")
+        out = []
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            if self._event(event) or keep_usage_chunk:
+                out.append(event + b"\n\n")
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def _event(self, event: bytes) -> bool:
+        """Account for one event; False for a usage-only chunk (no choices)."""
+        data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+        if not data or data == b"[DONE]":
+            return True
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return True
+        for key in ("id", "usage", "agentbatch"):
+            if chunk.get(key):
+                self.last[key] = chunk[key]
+        choices = chunk.get("choices") or []
+        for choice in choices:
+            self._delta(choice.get("delta") or {})
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return bool(choices)
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        if delta.get("content"):
+            self.content.append(delta["content"])
+        for i, call in enumerate(delta.get("tool_calls") or []):
+            slot = self.tool_calls.setdefault(call.get("index", i), {"id": None, "type": "function",
+                                                                     "function": {"name": "", "arguments": ""}})
+            slot["id"] = call.get("id") or slot["id"]
+            fn = call.get("function") or {}
+            slot["function"]["name"] += fn.get("name") or ""
+            slot["function"]["arguments"] += fn.get("arguments") or ""
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.tool_calls:
+            message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return message
+
+    def data(self) -> dict[str, Any]:
+        """The stream as a non-streamed answer's fields (for `outcome_of`)."""
+        return {**self.last, "choices": [{"finish_reason": self.finish_reason}]}

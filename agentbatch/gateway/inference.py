@@ -1,0 +1,242 @@
+"""The OpenAI-compatible inference gateway: `/v1/chat/completions` (also streamed), `/v1/models`,
+`/health`, `/metrics`, and the sample and batch endpoints.
+
+A request is identified with its sample (`identity.py`), the sample is admitted, the router picks
+the worker (back to the one that holds the sample's prefix unless it is overloaded), the request
+waits for a slot of that worker (per-worker in-flight limit), goes out with the sample's
+chain-progress priority, and comes back to the harness as the worker sent it (SSE chunks passed
+through as they arrive). Each attempt is an inference step row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agentbatch.gateway.core import GatewayState, HeldSlot, acquire_step, release_step
+from agentbatch.gateway.forward import StreamAccumulator, is_answer, outcome_of
+from agentbatch.gateway.identity import inference_sample_key
+from agentbatch.gateway.samples import GatewaySample, SampleEnd
+from agentbatch.scheduling.types import StepKind
+
+SendResult = tuple[Any, httpx.Response | None, str | None]  # (step future, response, error)
+
+
+def error_response(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def request_record(sample: GatewaySample, body: dict[str, Any], priority: int | None) -> dict[str, Any]:
+    """What is stored of a request: the messages new since the sample's previous request (all of
+    them when the history was rewritten), and the tools when they changed."""
+    messages = body["messages"]
+    start = sample.seen_messages if sample.seen_messages <= len(messages) else 0
+    record: dict[str, Any] = {"n_messages": len(messages), "priority": priority, "messages_from": start,
+                              "messages": messages[start:]}
+    tools = body.get("tools")
+    signature = hash(json.dumps(tools, sort_keys=True, default=str)) if tools else 0
+    if tools and (start == 0 or signature != sample.tools_signature):
+        record["tools"] = tools
+    sample.seen_messages, sample.tools_signature = len(messages), signature
+    return record
+
+
+async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any], record: dict[str, Any]) -> SendResult:
+    """POST to the chosen worker (response opened as a stream), retrying connection errors and
+    HTTP 5xx; every attempt is a step row. The error is set when no response came."""
+    worker = held.ticket.worker
+    assert worker is not None
+    client = state.pool.clients[worker]
+    delays = [state.settings.backoff_s * 2**i for i in range(state.settings.retries)]
+    for attempt in range(len(delays) + 1):
+        step = state.recorder.begin(held.start(state.batch_id, record, state.clock()))
+        last = attempt == len(delays)
+        try:
+            resp = await client.send(client.build_request("POST", "/chat/completions", json=body), stream=True)
+        except httpx.HTTPError as exc:
+            error = f"{worker}: {exc.__class__.__name__}: {exc}"
+            state.recorder.fail(step, error, state.clock())
+            if last:
+                return step, None, error
+        else:
+            if resp.status_code < 500 or last:
+                return step, resp, None
+            await resp.aread()
+            await resp.aclose()
+            state.recorder.fail(step, f"{worker}: HTTP {resp.status_code}: {resp.text[:300]}", state.clock())
+        await asyncio.sleep(delays[attempt])
+    raise AssertionError("unreachable")
+
+
+def _done(state: GatewayState, held: HeldSlot, *, completed: bool, answered: bool = False) -> None:
+    release_step(state, held, completed=completed)
+    state.registry.leave(held.sample, answered=answered)
+    state.counters.requests += 1
+    state.counters.failed += not completed
+
+
+async def _answer(state: GatewayState, held: HeldSlot, step: Any, resp: httpx.Response) -> Response:
+    """A whole (non-streamed) answer: record it and hand it back unchanged."""
+    try:
+        await resp.aread()
+    finally:
+        await resp.aclose()
+    finished = state.clock()
+    if resp.status_code >= 400:
+        state.recorder.fail(step, f"{held.ticket.worker}: HTTP {resp.status_code}: {resp.text[:300]}", finished)
+        _done(state, held, completed=False)
+        return Response(resp.content, status_code=resp.status_code, media_type="application/json")
+    try:
+        data = resp.json()
+        message = data["choices"][0]["message"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        state.recorder.fail(step, f"{held.ticket.worker}: malformed answer: {resp.text[:300]}", finished)
+        _done(state, held, completed=False)
+        return error_response(502, f"worker {held.ticket.worker} sent a malformed answer", "BadGatewayError")
+    state.recorder.complete(step, outcome_of(data, None, held.ticket.worker or ""), finished)
+    _done(state, held, completed=True, answered=is_answer(message))
+    return Response(resp.content, status_code=resp.status_code, media_type="application/json")
+
+
+def _stream(state: GatewayState, held: HeldSlot, step: Any, resp: httpx.Response, keep_usage: bool) -> Response:
+    """Pass the worker's SSE events through as they come; record the rebuilt answer at the end."""
+    acc = StreamAccumulator()
+    state.counters.streamed += 1
+
+    async def events() -> AsyncIterator[bytes]:
+        completed = False
+        try:
+            async for raw in resp.aiter_bytes():
+                if out := acc.feed(raw, keep_usage_chunk=keep_usage):
+                    yield out
+            if rest := acc.flush():
+                yield rest
+            completed = True
+        finally:
+            await resp.aclose()
+            finished = state.clock()
+            if completed:
+                state.recorder.complete(step, outcome_of(acc.data(), acc.message(), held.ticket.worker or ""),
+                                        finished)
+            else:
+                state.recorder.fail(step, "stream interrupted", finished)
+            _done(state, held, completed=completed, answered=completed and is_answer(acc.message()))
+
+    return StreamingResponse(events(), status_code=resp.status_code, media_type="text/event-stream")
+
+
+async def _read_body(request: Request) -> dict[str, Any] | Response:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error_response(400, "request body is not JSON")
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+        return error_response(400, "`messages` must be a non-empty list")
+    return body
+
+
+def chat_completions(state: GatewayState) -> Callable[[Request], Any]:
+    async def handle(request: Request) -> Response:
+        body = await _read_body(request)
+        if isinstance(body, Response):
+            return body
+        key = inference_sample_key(request.headers, body)
+        sample = await state.registry.enter(key)
+        try:
+            held = await acquire_step(state, sample, StepKind.INFERENCE)
+        except BaseException:
+            state.registry.leave(sample)
+            raise
+        worker = held.ticket.worker or ""
+        priority = state.coordinator.request_priority(sample.progress)
+        forward = state.pool.body_for(worker, body, priority=priority, user=key)
+        step, resp, error = await _send(state, held, forward, request_record(sample, body, priority))
+        if resp is None:
+            _done(state, held, completed=False)
+            return error_response(502, f"worker {worker} unreachable: {error}", "BadGatewayError")
+        if body.get("stream") and resp.status_code < 400:
+            return _stream(state, held, step, resp, bool((body.get("stream_options") or {}).get("include_usage")))
+        return await _answer(state, held, step, resp)
+
+    return handle
+
+
+def finish_sample(state: GatewayState) -> Callable[[Request], Any]:
+    async def handle(request: Request) -> Response:
+        key = request.path_params["sample"]
+        raw = await request.body()
+        try:
+            data = json.loads(raw) if raw.strip() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error_response(400, "body must be JSON: {score?, result?, error?}")
+        score = data.get("score") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or (score is not None and not isinstance(score, int | float)):
+            return error_response(400, "body must be a JSON object; `score` a number")
+        result = data.get("result")
+        end = SampleEnd("finish", score=None if score is None else float(score),
+                        result=result if isinstance(result, dict) else None, error=data.get("error"))
+        if not state.registry.finish(key, end):
+            return error_response(404, f"no sample {key!r} in this batch", "NotFoundError")
+        return JSONResponse({"sample": key, "ended": True})
+
+    return handle
+
+
+def batch_status(state: GatewayState) -> dict[str, Any]:
+    c = state.coordinator
+    return {
+        "batch_id": state.batch_id, "samples": len(state.registry.samples), "active": state.registry.active,
+        "ended": state.registry.ended, "requests": state.counters.requests, "streamed": state.counters.streamed,
+        "failed": state.counters.failed, "tool_calls": state.counters.tool_calls,
+        "tool_failures": state.counters.tool_failures, "waiting": dict(state.counters.waiting),
+        "in_use": c.in_use(), "peaks": c.peaks(), "sticky": c.sticky, "moves": c.moves,
+    }
+
+
+def metrics_text(state: GatewayState) -> str:
+    """Prometheus text: the gateway's counters and the coordinator's gates."""
+    s = batch_status(state)
+    lines = []
+    for name in ("samples", "active", "ended", "requests", "streamed", "failed", "tool_calls", "tool_failures",
+                 "sticky", "moves"):
+        lines.append(f"agentbatch_gateway_{name} {s[name]}")
+    lines += [f'agentbatch_gateway_waiting{{kind="{k}"}} {v}' for k, v in s["waiting"].items()]
+    lines += [f'agentbatch_gateway_in_use{{gate="{k}"}} {v}' for k, v in s["in_use"].items()]
+    lines += [f'agentbatch_gateway_peak{{gate="{k}"}} {v}' for k, v in s["peaks"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def routes(state: GatewayState, on_finish_batch: Callable[[], None]) -> list[Route]:
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model", "owned_by": "agentbatch-gateway"} for m in state.pool.models]})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "batch_id": state.batch_id})
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(metrics_text(state))
+
+    async def batch(request: Request) -> Response:
+        return JSONResponse(batch_status(state))
+
+    async def finish_batch(request: Request) -> Response:
+        on_finish_batch()
+        return JSONResponse({"batch_id": state.batch_id, "finishing": True})
+
+    return [
+        Route("/v1/chat/completions", chat_completions(state), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/batch", batch, methods=["GET"]),
+        Route("/v1/batch/finish", finish_batch, methods=["POST"]),
+        Route("/v1/samples/{sample:path}/finish", finish_sample(state), methods=["POST"]),
+    ]

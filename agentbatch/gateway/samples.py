@@ -1,0 +1,166 @@
+"""The samples a gateway has seen: their progress, admission and end.
+
+A sample is created (a `samples` row) on its first request and takes an admission slot from the
+coordinator before its first step runs. It ends on an explicit finish, on a final answer (an
+assistant message without tool calls, when `end_on_answer`), or when it has been idle for
+`idle_timeout_s`; ending gives the admission slot back. A sample that sends another request after it
+ended runs again (the same row, its step indices continuing) and waits for admission like a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentbatch.db import gateway_records as records
+from agentbatch.db.store import Store
+from agentbatch.gateway.recorder import StepRecorder
+from agentbatch.scheduling.types import SampleProgress
+from agentbatch.tasks.coordinator import Coordinator
+
+
+@dataclass(slots=True)
+class SampleEnd:
+    """How a sample ends: why, and what the harness reported with an explicit finish."""
+
+    reason: str
+    score: float | None = None
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class GatewaySample:
+    key: str
+    row_id: int
+    progress: SampleProgress
+    next_index: int = 0
+    admitted: bool = False
+    in_flight: int = 0
+    last_active: float = 0.0
+    seen_messages: int = 0  # messages of the last inference request (later ones record only what is new)
+    tools_signature: int = 0  # of the last request's tools (recorded again when they change)
+    pending_end: SampleEnd | None = None  # an end that waits for the steps in flight
+    ends: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def take_index(self) -> int:
+        index, self.next_index = self.next_index, self.next_index + 1
+        return index
+
+
+def _prior(store: Store, key: str, batch_id: int) -> float | None:
+    return store.prior_chain_lengths([key], exclude_batch_id=batch_id).get(key)
+
+
+def _create(store: Store, batch_id: int, key: str) -> tuple[int, float | None]:
+    return records.add_sample(store, batch_id, key, {"gateway": True}), _prior(store, key, batch_id)
+
+
+class SampleRegistry:
+    def __init__(self, coordinator: Coordinator, recorder: StepRecorder, batch_id: int, *,
+                 end_on_answer: bool = True, clock: Callable[[], float] = time.time) -> None:
+        self.coordinator = coordinator
+        self.recorder = recorder
+        self.batch_id = batch_id
+        self.end_on_answer = end_on_answer
+        self.clock = clock
+        self.samples: dict[str, GatewaySample] = {}
+        self._creating: dict[str, asyncio.Future[GatewaySample]] = {}
+        self._arrivals = itertools.count()
+        self.ended = 0  # sample ends so far (a sample that ran again counts again)
+
+    @property
+    def active(self) -> int:
+        return sum(1 for s in self.samples.values() if s.admitted)
+
+    async def get(self, key: str) -> GatewaySample:
+        """The sample of `key`, created (one awaited store write) on first sight."""
+        sample = self.samples.get(key)
+        if sample is not None:
+            return sample
+        pending = self._creating.get(key)
+        if pending is not None:  # another request of the same new sample is creating it
+            return await asyncio.shield(pending)
+        future: asyncio.Future[GatewaySample] = asyncio.get_running_loop().create_future()
+        self._creating[key] = future
+        try:
+            row_id, prior = await self.recorder.call(_create, self.batch_id, key)
+            sample = GatewaySample(key=key, row_id=row_id, last_active=self.clock(), progress=SampleProgress(
+                sample_id=row_id, task_id=key, arrival_seq=next(self._arrivals), prior_chain_steps=prior))
+            self.samples[key] = sample
+            future.set_result(sample)
+            return sample
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
+            raise
+        finally:
+            del self._creating[key]
+
+    async def enter(self, key: str) -> GatewaySample:
+        """Before a step: the sample, admitted (waiting for an admission slot if it has none)."""
+        sample = await self.get(key)
+        sample.in_flight += 1
+        sample.last_active = self.clock()
+        try:
+            if not sample.admitted:
+                async with sample.lock:
+                    if not sample.admitted:
+                        await self.coordinator.admit(sample.progress)
+                        sample.admitted = True
+                        sample.pending_end = None
+                        self.recorder.submit(records.admit_sample_at, sample.row_id, self.clock())
+        except BaseException:
+            sample.in_flight -= 1
+            raise
+        return sample
+
+    def leave(self, sample: GatewaySample, *, answered: bool = False) -> None:
+        """After a step; `answered`: it was a final answer (no tool calls)."""
+        sample.in_flight -= 1
+        sample.last_active = self.clock()
+        if answered and self.end_on_answer and sample.pending_end is None:
+            sample.pending_end = SampleEnd("answer")
+        if sample.pending_end is not None and sample.in_flight == 0:
+            self._end(sample, sample.pending_end)
+
+    def finish(self, key: str, end: SampleEnd) -> bool:
+        """An explicit end; False when the key is unknown. With steps in flight it waits for them."""
+        sample = self.samples.get(key)
+        if sample is None:
+            return False
+        if sample.in_flight:
+            sample.pending_end = end
+        else:
+            self._end(sample, end)
+        return True
+
+    def end_idle(self, idle_timeout_s: float) -> int:
+        """End the admitted samples without a step for `idle_timeout_s`; returns how many."""
+        now = self.clock()
+        idle = [s for s in self.samples.values()
+                if s.admitted and not s.in_flight and now - s.last_active >= idle_timeout_s]
+        for sample in idle:
+            self._end(sample, SampleEnd("idle"))
+        return len(idle)
+
+    def end_all(self, reason: str) -> None:
+        for sample in self.samples.values():
+            if sample.admitted and not sample.in_flight:
+                self._end(sample, sample.pending_end or SampleEnd(reason))
+
+    def _end(self, sample: GatewaySample, end: SampleEnd) -> None:
+        sample.pending_end = None
+        if sample.admitted:
+            sample.admitted = False
+            sample.ends += 1
+            self.ended += 1
+            self.coordinator.finish(sample.progress)
+        result = {"ended": end.reason, **(end.result or {})}
+        self.recorder.submit(records.end_sample, sample.row_id, self.clock(), score=end.score, result=result,
+                             error=end.error)

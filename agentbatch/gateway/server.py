@@ -1,0 +1,190 @@
+"""The gateway process: one HTTP server with the inference gateway (`/v1/...`) and the tool gateway
+(`/mcp`), one batch in the store, one coordinator.
+
+Lifecycle: opening creates the batch (`running`), registers the workers, connects the upstream MCP
+servers and starts the idle sweeper and the workers' /metrics scraper. `POST /v1/batch/finish` or
+SIGTERM stops the server: requests in flight finish, the samples still open end, every record is
+committed, and the batch is marked completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from agentbatch.db.models import BatchStatus
+from agentbatch.db.store import Store
+from agentbatch.engines.metrics import MetricsScraper
+from agentbatch.environments.mcp_client import McpServerSpec
+from agentbatch.gateway.core import GatewaySettings, GatewayState
+from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
+from agentbatch.gateway.inference import routes
+from agentbatch.gateway.recorder import StepRecorder
+from agentbatch.gateway.samples import SampleRegistry
+from agentbatch.gateway.tools import ToolGateway
+from agentbatch.tasks.coordinator import Coordinator
+
+log = logging.getLogger("agentbatch.gateway")
+
+
+@dataclass
+class GatewayBatch:
+    """The batch a gateway records into: created from name + config, or an existing id."""
+
+    name: str = "gateway"
+    config: dict[str, Any] = field(default_factory=dict)
+    batch_id: int | None = None
+
+
+class Gateway:
+    def __init__(self, store: Store, coordinator: Coordinator, endpoints: Sequence[WorkerEndpoint], *,
+                 batch: GatewayBatch | None = None, upstreams: Sequence[McpServerSpec] = (),
+                 settings: GatewaySettings | None = None) -> None:
+        if sorted(e.name for e in endpoints) != sorted(coordinator.workers):
+            raise ValueError("the coordinator's workers and the endpoints must be the same names")
+        self.store = store
+        self.coordinator = coordinator
+        self.endpoints = list(endpoints)
+        self.batch = batch or GatewayBatch()
+        self.upstreams = list(upstreams)
+        self.settings = settings or GatewaySettings()
+        recorder = StepRecorder(store)
+        # The batch id is known once open() has created the batch.
+        self.state = GatewayState(
+            batch_id=0, coordinator=coordinator, recorder=recorder, settings=self.settings,
+            registry=SampleRegistry(coordinator, recorder, 0, end_on_answer=self.settings.end_on_answer),
+            pool=WorkerPool(self.endpoints, self.settings.request_timeout_s),
+        )
+        self.tools = ToolGateway(self.upstreams, self.state)
+        self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
+        self.opened = False
+        self._sweeper: asyncio.Task[None] | None = None
+        self._scraper: MetricsScraper | None = None
+        self._tool_server = self.tools.server()
+        # Any Host header is accepted (the gateway may listen on all interfaces).
+        self._mcp_app = self._tool_server.streamable_http_app(host="0.0.0.0")
+
+    @property
+    def batch_id(self) -> int:
+        return self.state.batch_id
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    async def open(self) -> int:
+        recorder, batch_id = self.state.recorder, self.batch.batch_id
+        if batch_id is None:
+            batch_id = await recorder.call(lambda st: st.create_batch(self.batch.name, self.batch.config, []))
+        await recorder.call(lambda st: st.mark_batch_running(batch_id))
+        for e in self.endpoints:
+            recorder.submit(lambda st, e=e: st.upsert_worker(batch_id, e.name, "engine", endpoint=e.base_url))
+        self.state.batch_id = self.state.registry.batch_id = batch_id
+        await self.tools.start()
+        if self.settings.metrics_interval_s > 0:
+            self._scraper = MetricsScraper({e.name: e.base_url for e in self.endpoints}, store=self.store,
+                                           batch_id=batch_id, interval_s=self.settings.metrics_interval_s)
+            self.coordinator.load_hook = self._scraper.fill_loads
+            await self._scraper.start()
+        self._sweeper = asyncio.create_task(self._sweep(), name="agentbatch-gateway-idle")
+        self.opened = True
+        log.info("gateway batch %s: %d worker(s), %d tool(s) from %d MCP server(s)", batch_id,
+                 len(self.endpoints), len(self.tools.tools), len(self.upstreams))
+        return batch_id
+
+    async def _sweep(self) -> None:
+        interval = max(0.05, min(5.0, self.settings.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(interval)
+            self.state.registry.end_idle(self.settings.idle_timeout_s)
+
+    async def close(self, status: BatchStatus = BatchStatus.COMPLETED, error: str | None = None) -> None:
+        """End the open samples, commit every record, mark the batch finished."""
+        if not self.opened:
+            return
+        self.opened = False
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        state = self.state
+        state.registry.end_all("shutdown")
+        if self._scraper is not None:
+            await self._scraper.stop()
+        await state.pool.aclose()
+        await self.tools.aclose()
+        batch_id = state.batch_id
+        state.recorder.submit(lambda st: st.finish_batch(batch_id, status, error=error))
+        await asyncio.to_thread(state.recorder.close)
+
+    def request_stop(self) -> None:
+        if self.on_stop is not None:
+            self.on_stop()
+
+    # --- the ASGI app ----------------------------------------------------------------------------------
+    def app(self) -> Starlette:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with self._tool_server.session_manager.run():
+                await self.open()
+                try:
+                    yield
+                finally:
+                    await self.close()
+
+        mcp_routes = [r for r in self._mcp_app.routes if isinstance(r, Route)]
+        return Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes], lifespan=lifespan)
+
+# --- running it ----------------------------------------------------------------------------------------
+def uvicorn_server(gateway: Gateway, host: str, port: int | None = None, *,
+                   sock: socket.socket | None = None, graceful_s: float = 30.0) -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(gateway.app(), host=host, port=port or 0, log_level="warning", access_log=False,
+                            lifespan="on", timeout_graceful_shutdown=graceful_s)
+    server = uvicorn.Server(config)
+
+    def stop() -> None:
+        server.should_exit = True
+
+    gateway.on_stop = stop
+    return server
+
+
+@dataclass
+class RunningGateway:
+    gateway: Gateway
+    base_url: str  # http://HOST:PORT (the OpenAI base URL is base_url + "/v1", MCP at base_url + "/mcp")
+    batch_id: int
+
+
+@contextlib.contextmanager
+def running_gateway(gateway: Gateway, host: str = "127.0.0.1") -> Iterator[RunningGateway]:
+    """Serve a gateway in a background thread on a free port (tests, notebooks, benchmarks). Leaving
+    the block stops it the way SIGTERM does, and waits until every record is committed."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    server = uvicorn_server(gateway, host, sock=sock)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
+                              name="agentbatch-gateway")
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError("the gateway did not start")
+        time.sleep(0.01)
+    try:
+        yield RunningGateway(gateway, f"http://{host}:{sock.getsockname()[1]}", gateway.batch_id)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=120)
+        sock.close()

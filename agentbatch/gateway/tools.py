@@ -1,0 +1,121 @@
+"""The MCP tool gateway: an MCP server (streamable HTTP at `/mcp`) that proxies upstream MCP servers.
+
+It lists the upstream servers' tools (a name offered by two servers gets the server's name as a
+prefix, `server__tool`; `agentbatch_*` harness tools stay hidden, as in the mcp workload). A tool
+call of a sample is admitted like any step of that sample, waits for an environment slot (the
+queue ordered by the configured policy, CAAS by default, with the progress the sample made on
+both gateways), goes to its upstream, and is recorded as an environment step. Tool errors the
+upstream reports are passed back as they are; an upstream that fails or does not answer gives an
+isError result and a failed step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel import Server
+
+from agentbatch.db.store import StepOutcome
+from agentbatch.environments.mcp_client import McpServerSpec, result_text
+from agentbatch.environments.mcp_env import HIDDEN_PREFIX, Toolset, open_toolset
+from agentbatch.gateway.core import GatewayState, acquire_step, release_step
+from agentbatch.gateway.identity import tool_sample_key
+from agentbatch.protocols.environment import EnvironmentFailure
+from agentbatch.scheduling.types import StepKind
+
+
+def _error_result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+class ToolGateway:
+    def __init__(self, specs: Sequence[McpServerSpec], state: GatewayState) -> None:
+        self.specs = list(specs)
+        self.state = state
+        self.toolset: Toolset | None = None
+        self.tools: list[types.Tool] = []
+
+    async def start(self) -> None:
+        if not self.specs:
+            return
+        self.toolset = await open_toolset(self.specs, self.state.settings.call_timeout_s)
+        by_upstream = {(conn.spec.name, tool.name): tool for conn in self.toolset.connections for tool in conn.tools}
+        self.tools = [
+            by_upstream[(conn.spec.name, name)].model_copy(update={"name": exposed})
+            for exposed, (conn, name) in self.toolset.route.items() if not name.startswith(HIDDEN_PREFIX)
+        ]
+
+    async def aclose(self) -> None:
+        if self.toolset is not None:
+            for conn in self.toolset.connections:
+                await conn.close()
+
+    def server(self) -> Server:
+        async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+            return types.ListToolsResult(tools=self.tools)
+
+        async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+            request = getattr(ctx, "request", None)
+            headers = getattr(request, "headers", None)
+            key = tool_sample_key(headers, params.meta or getattr(ctx, "meta", None))
+            return await self.call(key, params.name, dict(params.arguments or {}))
+
+        return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+    async def call(self, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """One tool call of sample `key`, through the environment-slot gate."""
+        route = self.toolset.route.get(name) if self.toolset else None
+        if route is None or route[1].startswith(HIDDEN_PREFIX):
+            return _error_result(f"unknown tool {name!r}")
+        conn, upstream_name = route
+        state = self.state
+        sample = await state.registry.enter(key)
+        try:
+            held = await acquire_step(state, sample, StepKind.ENVIRONMENT)
+        except BaseException:
+            state.registry.leave(sample)
+            raise
+        record = {"tool": name, "server": conn.spec.name, "arguments": arguments}
+        step = state.recorder.begin(held.start(state.batch_id, record, state.clock()))
+        result: types.CallToolResult | None = None
+        try:
+            result = await conn.call(upstream_name, arguments)
+            # Stamped before the slot is given back: recorded intervals never overlap more than the slots.
+            state.recorder.complete(step, _outcome(result, held.slot), state.clock())
+        except EnvironmentFailure as exc:
+            state.recorder.fail(step, str(exc), state.clock())
+            state.counters.tool_failures += 1
+            return _error_result(f"tool {name!r} failed: {exc}")
+        except BaseException as exc:
+            state.recorder.fail(step, f"{exc.__class__.__name__}: {exc}", state.clock())
+            raise
+        finally:
+            release_step(state, held, completed=result is not None)
+            state.registry.leave(sample)
+            state.counters.tool_calls += 1
+        return result
+
+
+def _outcome(result: types.CallToolResult, slot: str) -> StepOutcome:
+    text = result_text(result)
+    return StepOutcome(
+        response={"messages": [{"role": "tool", "content": text}], "done": False,
+                  **({"tool_errors": 1} if result.is_error else {})},
+        tool_calls=1, worker=slot,
+    )
+
+
+def parse_upstream(text: str) -> McpServerSpec:
+    """`NAME=URL` (streamable HTTP) or `NAME=COMMAND ARGS...` (stdio), as given on the command line."""
+    name, sep, target = text.partition("=")
+    if not sep or not name.strip() or not target.strip():
+        raise ValueError(f"--mcp {text!r}: expected NAME=URL or NAME=COMMAND [ARGS...]")
+    target = target.strip()
+    if target.startswith(("http://", "https://")):
+        return McpServerSpec(name=name.strip(), url=target)
+    import shlex
+
+    command, *args = shlex.split(target)
+    return McpServerSpec(name=name.strip(), command=command, args=args)
