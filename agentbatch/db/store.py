@@ -98,6 +98,12 @@ class Store:
             batch.finished_at = None
             if flow_run_id:
                 batch.flow_run_id = flow_run_id
+            batch.heartbeat_at = time.time()
+
+    def heartbeat(self, batch_id: int) -> None:
+        """The running process is alive (`status` calls a running batch with a stale beat crashed)."""
+        with self.session() as s, s.begin():
+            s.execute(update(Batch).where(Batch.id == batch_id).values(heartbeat_at=time.time()))
 
     def finish_batch(self, batch_id: int, status: BatchStatus, error: str | None = None) -> None:
         with self.session() as s, s.begin():
