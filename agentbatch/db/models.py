@@ -53,6 +53,8 @@ class Batch(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     flow_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Refreshed by the running process (flows/progress.py); stale while `running` = the process died.
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     samples: Mapped[list[Sample]] = relationship(back_populates="batch", cascade="all, delete-orphan")
 
