@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agentbatch.scheduling.defaults import DEFAULTS
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -37,24 +39,32 @@ class PolicyRef(_Strict):
 
 
 class SchedulingConfig(_Strict):
-    max_active_samples: int = Field(32, ge=1, description="samples admitted at once (reference concurrency)")
-    env_slots: int = Field(8, ge=1, description="environment actions running at once")
-    per_worker_inflight: int = Field(16, ge=1, description="inference requests in flight per engine worker")
-    coupled: bool = Field(False, description="baseline: a sample holds an environment slot while admitted")
+    # Every default comes from agentbatch.scheduling.defaults (shared with `replay` and virtual time).
+    max_active_samples: int = Field(DEFAULTS.max_active_samples, ge=1,
+                                    description="samples admitted at once (reference concurrency)")
+    env_slots: int = Field(DEFAULTS.env_slots, ge=1, description="environment actions running at once")
+    per_worker_inflight: int = Field(DEFAULTS.per_worker_inflight, ge=1,
+                                     description="inference requests in flight per engine worker")
+    coupled: bool = Field(DEFAULTS.coupled, description="baseline: a sample holds an environment slot while admitted")
     admission_order: Literal["arrival", "longest_prior_first"] = Field(
-        "longest_prior_first",
+        DEFAULTS.admission_order,  # type: ignore[arg-type]
         description="order samples are admitted in: as listed, or longest recorded chain (earlier batches "
         "of the same task ids) first, unknown ones after; the same as arrival when there is no history",
     )
     # Defaults are the coordination policies (the ablation in docs/ablation.md); the baseline is
     # coupled: true, env_queue fifo, router round_robin, priority fcfs.
-    env_queue: PolicyRef = Field(default_factory=lambda: PolicyRef(name="caas"),
+    env_queue: PolicyRef = Field(default_factory=lambda: PolicyRef(name=DEFAULTS.env_queue),
                                  description="order of the environment-action queue")
-    inference_queue: PolicyRef = Field(default_factory=PolicyRef, description="order of each worker's queue")
-    router: PolicyRef = Field(default_factory=lambda: PolicyRef(name="trajectory_aware"),
+    inference_queue: PolicyRef = Field(default_factory=lambda: PolicyRef(name=DEFAULTS.inference_queue),
+                                       description="order of each worker's queue")
+    router: PolicyRef = Field(default_factory=lambda: PolicyRef(name=DEFAULTS.router),
                               description="which engine worker serves a sample's next inference call")
     priority: PolicyRef = Field(
-        default_factory=lambda: PolicyRef(name="chain_progress"), description="per-request engine priority"
+        default_factory=lambda: PolicyRef(name=DEFAULTS.priority), description="per-request engine priority"
+    )
+    priors: dict[str, float] | None = Field(
+        None, description="task id -> expected chain steps for history-aware policies and admission order; "
+        "unset: from earlier batches in the store. Controlled replay pins them (from --priors, else none)",
     )
 
 

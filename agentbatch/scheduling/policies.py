@@ -14,11 +14,14 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from agentbatch.scheduling.defaults import DEFAULTS
 from agentbatch.scheduling.types import SampleProgress, StepTicket, WorkerLoad
 
 
 class QueuePolicy(ABC):
     """An ordered set of waiting tickets. `pop` returns the one that runs next."""
+
+    aged_pops: int = 0  # pops forced by a starvation guard (policies with one count them)
 
     def __init__(self) -> None:
         self._seq = itertools.count()
@@ -99,10 +102,32 @@ class PriorityQueuePolicy(QueuePolicy):
 
 
 class Router(ABC):
-    """Chooses the engine worker for a sample's next inference call."""
+    """Chooses the engine worker for a sample's next inference call.
+
+    The scheduling core calls the hooks (as SGLang's routing policies have `on_request_complete` /
+    `update_loads`): a router that keeps its own bookkeeping learns from them, the others ignore them.
+    """
+
+    wants_kv_usage: bool = False  # True: the driver fills WorkerLoad.kv_usage (from /metrics or the model)
 
     @abstractmethod
     def route(self, ticket: StepTicket, workers: Sequence[WorkerLoad]) -> str: ...
+
+    def update_loads(self, workers: Sequence[WorkerLoad]) -> None:
+        """The current view of the workers, just before a routing decision."""
+        return None  # default: nothing to learn
+
+    def on_request_complete(self, sample_id: int, worker: str) -> None:
+        """`worker` served the sample's last inference call: it now holds the sample's prefix."""
+        return None  # default: nothing to learn
+
+    def on_sample_finished(self, sample_id: int) -> None:
+        """The sample ended: forget what is kept about it."""
+        return None  # default: nothing to learn
+
+    def decision_counts(self) -> dict[str, int]:
+        """Decision counters for reports (empty when the router keeps none)."""
+        return {}
 
 
 class RoundRobinRouter(Router):
@@ -140,10 +165,12 @@ class AdmissionLimits:
       its end (inspect_ai's max_sandboxes); then max_active_samples is capped at env_slots.
     """
 
-    max_active_samples: int = 64
-    env_slots: int = 16
-    per_worker_inflight: int = 64
-    coupled: bool = False
+    max_active_samples: int = DEFAULTS.max_active_samples
+    env_slots: int = DEFAULTS.env_slots
+    per_worker_inflight: int = DEFAULTS.per_worker_inflight
+    coupled: bool = DEFAULTS.coupled
 
-    def effective_active(self) -> int:
-        return min(self.max_active_samples, self.env_slots) if self.coupled else self.max_active_samples
+    def effective_active(self, max_active: int | None = None) -> int:
+        """Admission slots for `max_active` (default: this limit): capped at env_slots when coupled."""
+        n = self.max_active_samples if max_active is None else max_active
+        return min(n, self.env_slots) if self.coupled else n

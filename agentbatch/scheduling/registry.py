@@ -1,12 +1,20 @@
-"""Policies by name, so a batch config can select them (`queue: fifo`, `router: round_robin`)."""
+"""Policies by name, so a batch config can select them (`queue: fifo`, `router: round_robin`).
+
+The built-in names below are also entry points of the group `agentbatch.policies` (pyproject.toml);
+other policies come from installed packages' entry points or "package.module:Object" and are
+resolved by the flows (`agentbatch.protocols.plugins`), which pass the class to `make_*`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentbatch.scheduling.caas import CaasHistoryQueue, CaasQueue
+from agentbatch.scheduling.core import LoadHook, SchedulingCore
 from agentbatch.scheduling.policies import (
+    AdmissionLimits,
     FcfsPriority,
     FifoQueue,
     PriorityPolicy,
@@ -33,7 +41,20 @@ PRIORITIES: dict[str, Callable[..., PriorityPolicy]] = {
 }
 
 
-def _make(table: dict[str, Callable[..., Any]], what: str, name: str, params: dict[str, Any]) -> Any:
+# Which base class a policy of each role must derive from (a plugin policy is checked against it).
+ROLES: dict[str, type] = {"queue": QueuePolicy, "router": Router, "priority": PriorityPolicy}
+TABLES: dict[str, dict[str, Callable[..., Any]]] = {"queue": QUEUE_POLICIES, "router": ROUTERS, "priority": PRIORITIES}
+# name -> "module:Class" of every built-in policy (the plugin resolver's view of the tables above).
+BUILTIN_POLICIES: dict[str, str] = {
+    name: f"{factory.__module__}:{factory.__qualname__}" for table in TABLES.values() for name, factory in table.items()
+}
+
+Factory = str | Callable[..., Any]
+
+
+def _make(table: dict[str, Callable[..., Any]], what: str, name: Factory, params: dict[str, Any]) -> Any:
+    if callable(name):  # a plugin class, already resolved
+        return name(**params)
     try:
         factory = table[name]
     except KeyError:
@@ -41,13 +62,44 @@ def _make(table: dict[str, Callable[..., Any]], what: str, name: str, params: di
     return factory(**params)
 
 
-def make_queue(name: str, **params: Any) -> QueuePolicy:
+def make_queue(name: Factory, **params: Any) -> QueuePolicy:
     return _make(QUEUE_POLICIES, "queue policy", name, params)
 
 
-def make_router(name: str, **params: Any) -> Router:
+def make_router(name: Factory, **params: Any) -> Router:
     return _make(ROUTERS, "router", name, params)
 
 
-def make_priority(name: str, **params: Any) -> PriorityPolicy:
+def make_priority(name: Factory, **params: Any) -> PriorityPolicy:
     return _make(PRIORITIES, "priority policy", name, params)
+
+
+@dataclass(frozen=True)
+class PolicyChoice:
+    """A policy by registry name with its keyword arguments."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def build_core(
+    limits: AdmissionLimits,
+    workers: Sequence[str],
+    *,
+    env_queue: PolicyChoice,
+    inference_queue: PolicyChoice,
+    router: PolicyChoice,
+    priority: PolicyChoice,
+    load_hook: LoadHook | None = None,
+    record: bool = False,
+) -> SchedulingCore:
+    """The scheduling core of a batch with its policies made from their names: the one place the
+    live runner and virtual time build it."""
+    return SchedulingCore(
+        limits, list(workers),
+        env_queue=make_queue(env_queue.name, **env_queue.params),
+        inference_queues={w: make_queue(inference_queue.name, **inference_queue.params) for w in workers},
+        router=make_router(router.name, **router.params),
+        priority=make_priority(priority.name, **priority.params),
+        load_hook=load_hook, record=record,
+    )  # fmt: skip

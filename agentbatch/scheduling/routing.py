@@ -50,8 +50,9 @@ class RoutingCounters:
 class TrajectoryAwareRouter(Router):
     """Send a sample back to the worker that holds its prefix unless that worker is overloaded.
 
-    The home worker is `SampleProgress.last_worker`, else any worker listing the sample in
-    `cached_samples`. It is overloaded, as in SGLang's cache_aware router, when both
+    The home worker is the one that served the sample's last call (learnt through
+    `on_request_complete`, or `SampleProgress.last_worker` for a resumed sample), else any worker
+    listing the sample in `cached_samples`. It is overloaded, as in SGLang's cache_aware router, when both
       load(home) - load(least) > balance_abs   and   load(home) > balance_rel * load(least)
     (loads in requests, in flight + queued). With `kv_margin` set and KV usage known for both (from
     /metrics), a home whose KV usage exceeds the least-loaded worker's by more than kv_margin also
@@ -66,10 +67,25 @@ class TrajectoryAwareRouter(Router):
         self.balance_rel = balance_rel
         self.kv_margin = kv_margin
         self.counters = RoutingCounters()
+        self._homes: dict[int, str] = {}  # sample id -> worker that served its last call
+
+    @property
+    def wants_kv_usage(self) -> bool:  # type: ignore[override]
+        return self.kv_margin is not None
+
+    def on_request_complete(self, sample_id: int, worker: str) -> None:
+        self._homes[sample_id] = worker
+
+    def on_sample_finished(self, sample_id: int) -> None:
+        self._homes.pop(sample_id, None)
+
+    def decision_counts(self) -> dict[str, int]:
+        c = self.counters
+        return {"first": c.first, "sticky": c.sticky, "moved": c.moved}
 
     def _home(self, ticket: StepTicket, workers: Sequence[WorkerLoad]) -> WorkerLoad | None:
-        last = ticket.sample.last_worker
         sid = ticket.sample.sample_id
+        last = self._homes.get(sid, ticket.sample.last_worker)
         fallback = None
         for w in workers:
             if w.name == last:

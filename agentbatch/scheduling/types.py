@@ -39,6 +39,7 @@ class StepTicket:
     seq: int = 0  # global enqueue order, set by the queue
     prompt_tokens: int = 0  # hint for routing / cost estimates
     worker: str | None = None  # chosen worker for inference steps
+    granted_at: float | None = None  # when the scheduling core gave it a slot (driver's clock)
     payload: object = field(default=None, repr=False)  # opaque to policies
 
 

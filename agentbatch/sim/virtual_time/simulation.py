@@ -1,9 +1,16 @@
-"""Virtual-time discrete-event simulation of a whole batch: no sleeping, an event heap.
+"""Virtual-time discrete-event simulation of a whole batch: the event-heap driver of the scheduling
+core.
 
-Engine workers are `EngineModel` instances (the simulated engine's pure model), environment slots a
-counted pool, and the scheduling policies are the very objects the live runner uses: the admission
-limits (coupled or decoupled), the router, the environment-action queue, each worker's inference
-queue and the per-request priority. Environment steps take their recorded durations.
+Every scheduling decision (admission and its order, coupled mode, routing, the environment and
+worker queues, priorities, progress) is made by `agentbatch.scheduling.core.SchedulingCore`, the
+same state machine the live runner drives (`tasks/coordinator.py`). This module only keeps time:
+engine workers are `EngineModel` instances (the simulated engine's pure model), environment steps
+take their recorded durations, and the core's grants start simulated work.
+
+Grants reach their waiters as the live driver delivers them: a ticket granted at once in the call
+that submitted it starts at once (its sample carries on, as an awaiting coroutine that did not
+suspend would); grants to other waiters are handled after the current event, in the core's order
+(as futures resolved in one callback wake in order on an event loop).
 
 Events at the same instant are handled before any engine starts its next iteration there (phase
 order), so requests arriving together are batched together, as a real engine's scheduler would.
@@ -18,50 +25,59 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority, PriorityPolicy, QueuePolicy, Router
-from agentbatch.scheduling.registry import make_priority, make_queue, make_router
+from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord, admission_sequence
+from agentbatch.scheduling.defaults import DEFAULTS
+from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority
+from agentbatch.scheduling.registry import PolicyChoice, build_core
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
 from agentbatch.sim.model import EngineModel, SimRequest
 from agentbatch.sim.profiles import EngineProfile, get_profile
-from agentbatch.traces.schema import ENVIRONMENT, INFERENCE, Trace, TraceSample
+from agentbatch.traces.schema import ENVIRONMENT as ENV_KIND
+from agentbatch.traces.schema import INFERENCE, Trace, TraceSample
 
 _FRESH_BASE = 1 << 60  # token ids unique to one sample's context (never shared)
 _ZEROS = array("q", bytes(8 * 4096))
 
-# event kinds, ordered by phase within an instant
-_ENV_END = 0
-_ITER_END = 0
+# event phases within an instant: step and iteration ends first, then iteration starts
+_END = 0
 _ITER_START = 1
 
 
-@dataclass
-class PolicySpec:
-    name: str
-    params: dict[str, Any] = field(default_factory=dict)
+class PolicySpec(PolicyChoice):
+    """A policy by registry name with its parameters (the name virtual-time configs use)."""
+
+
+def _policy(name: str) -> Callable[[], PolicySpec]:
+    return lambda: PolicySpec(name)
 
 
 @dataclass
 class VirtualConfig:
-    """What a virtual replay runs with. Policy names are the registry's (scheduling/registry.py)."""
+    """What a virtual replay runs with. Policy names are the registry's (scheduling/registry.py);
+    scheduling defaults are `agentbatch.scheduling.defaults.DEFAULTS`, as for `run` and `replay`."""
 
     workers: int = 2
     profile: str | EngineProfile = "llama3-8b-h100"
     profile_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"max_num_seqs": 64}
-    max_active: int = 64  # samples admitted at once (reference concurrency)
-    env_slots: int = 16
-    per_worker_inflight: int | None = None  # requests in flight per worker; None = the profile's max_num_seqs
-    coupled: bool = False
-    router: PolicySpec = field(default_factory=lambda: PolicySpec("round_robin"))
-    env_queue: PolicySpec = field(default_factory=lambda: PolicySpec("fifo"))
-    inference_queue: PolicySpec = field(default_factory=lambda: PolicySpec("fifo"))
-    priority: PolicySpec = field(default_factory=lambda: PolicySpec("fcfs"))
+    max_active: int = DEFAULTS.max_active_samples  # samples admitted at once (reference concurrency)
+    env_slots: int = DEFAULTS.env_slots
+    # requests in flight per worker; None = the profile's max_num_seqs (no limit beyond the engine's)
+    per_worker_inflight: int | None = DEFAULTS.per_worker_inflight
+    coupled: bool = DEFAULTS.coupled
+    router: PolicySpec = field(default_factory=_policy(DEFAULTS.router))
+    env_queue: PolicySpec = field(default_factory=_policy(DEFAULTS.env_queue))
+    inference_queue: PolicySpec = field(default_factory=_policy(DEFAULTS.inference_queue))
+    priority: PolicySpec = field(default_factory=_policy(DEFAULTS.priority))
     env_time_scale: float = 1.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
-    # Admission order: "trace" (recorded order) or "longest_prior_first" (samples with the longest
-    # prior chain are admitted first, LPT-style; samples without a prior keep their order, last).
-    admission_order: str = "trace"
+    # "arrival" (trace order; "trace" is the same) or "longest_prior_first" (scheduling.core.admission_sequence)
+    admission_order: str = DEFAULTS.admission_order
+    # "engine": inference on the engine model; "recorded": each call takes its recorded duration_s
+    # (no engine contention: for scheduling what-ifs and the live/virtual parity test)
+    inference: str = "engine"
+    record_grants: bool = False  # keep the core's grant log in RawResult.grants
 
     def engine_profile(self) -> EngineProfile:
         return get_profile(self.profile, **self.profile_overrides)
@@ -75,8 +91,18 @@ class VirtualConfig:
         )
 
 
+class VirtualEngine(Protocol):
+    """What the driver needs of an engine worker model (`EngineModel` is one)."""
+
+    def add_request(self, req: SimRequest, now: float) -> None: ...
+    def has_work(self) -> bool: ...
+    def run_iteration(self, now: float) -> Any: ...
+    def metrics(self) -> dict[str, float]: ...
+    def forget_sample(self, sample_id: int) -> None: ...
+
+
 class _Sample:
-    __slots__ = ("trace", "prog", "pos", "ctx", "admitted_at", "finished_at", "slot")
+    __slots__ = ("trace", "prog", "pos", "ctx", "admitted_at", "finished_at")
 
     def __init__(self, trace: TraceSample, prog: SampleProgress) -> None:
         self.trace = trace
@@ -85,18 +111,29 @@ class _Sample:
         self.ctx = array("q")  # token ids of the context; int64, 8 bytes a token (lists take ~36)
         self.admitted_at = 0.0
         self.finished_at: float | None = None
-        self.slot: str | None = None  # coupled mode: the environment slot held while admitted
+
+
+@dataclass(slots=True)
+class _Running:
+    """A granted step: its sample, ticket, slot and start."""
+
+    sample: _Sample
+    ticket: StepTicket
+    slot: str
+    started: float
+    worker: int = -1  # engine index for inference on the engine model
 
 
 @dataclass
 class RawResult:
-    steps: list[tuple]  # STEP_FIELDS rows
+    steps: list[tuple]  # STEP_FIELDS rows (tuples: they become a DataFrame)
     samples: list[tuple]  # SAMPLE_FIELDS rows
     makespan_s: float
     events: int
     engine_metrics: dict[str, dict[str, float]]
     router_counters: dict[str, int]
     aged_pops: int
+    grants: list[GrantRecord] = field(default_factory=list)  # with VirtualConfig.record_grants
 
 
 STEP_FIELDS = (
@@ -107,127 +144,43 @@ STEP_FIELDS = (
 SAMPLE_FIELDS = ("index", "task_id", "steps_done", "score", "admitted_at", "finished_at", "last_worker")
 
 
-def _default_engine_factory(profile: EngineProfile, name: str, policy: str) -> Any:
+def _default_engine_factory(profile: EngineProfile, name: str, policy: str) -> VirtualEngine:
     return EngineModel(profile, name=name, policy=policy)
 
 
-EngineFactory = Callable[[EngineProfile, str, str], Any]
+EngineFactory = Callable[[EngineProfile, str, str], VirtualEngine]
 
 
-class VirtualBatch:
-    """One simulated batch. `run()` once; it returns the raw step and sample records."""
+class _Contexts:
+    """Each sample's context as one growing token array: the shared prefix of its group, then one
+    id unique in the batch followed by zeros for each new segment (block hashes are chained, so
+    every block after a unique token is unique, and zeros are a memcpy, not an int per token)."""
 
-    def __init__(self, trace: Trace, config: VirtualConfig, engine_factory: EngineFactory | None = None) -> None:
-        self._SimRequest = SimRequest
-        self.trace = trace
-        self.cfg = config
-        self.profile = config.engine_profile()
-        self.limits = config.limits(self.profile)
-        self.router: Router = make_router(config.router.name, **config.router.params)
-        self._want_kv = getattr(self.router, "kv_margin", None) is not None
-        self.env_queue: QueuePolicy = make_queue(config.env_queue.name, **config.env_queue.params)
-        self.priority: PriorityPolicy = make_priority(config.priority.name, **config.priority.params)
-        engine_policy = "fcfs" if isinstance(self.priority, FcfsPriority) else "priority"
-        factory = engine_factory or _default_engine_factory
-        self.names = [f"sim-{i}" for i in range(config.workers)]
-        self.engines = [factory(self.profile, n, engine_policy) for n in self.names]
-        self.queues: list[QueuePolicy] = [
-            make_queue(config.inference_queue.name, **config.inference_queue.params) for _ in self.names
-        ]
-        self.loads = [WorkerLoad(name=n, capacity=self.limits.per_worker_inflight) for n in self.names]
-        self.inflight = [0] * config.workers
-        self.busy = [False] * config.workers
-        self._index = {n: i for i, n in enumerate(self.names)}
-        self._heap: list[tuple] = []
-        self._seq = 0
+    def __init__(self) -> None:
         self._fresh = _FRESH_BASE
-        self._shared: dict[str, list[int]] = {}
-        self._requests: dict[str, tuple[_Sample, StepTicket, float, int]] = {}
-        self._steps: list[tuple] = []
-        self._free_slots: list[str] = [f"env-{k}" for k in reversed(range(config.env_slots))]
-        self._active = 0
-        self._admitted = 0
-        self._events = 0
-        priors = config.priors or {}
-        self._pending: deque[_Sample] = deque(
-            _Sample(s, SampleProgress(sample_id=s.index, task_id=s.task_id, arrival_seq=0,
-                                      prior_chain_steps=priors.get(s.task_id)))
-            for s in trace.samples
-        )  # fmt: skip
-        self._all = list(self._pending)
-        if config.admission_order == "longest_prior_first":
-            order = sorted(self._all, key=lambda x: (x.prog.prior_chain_steps is None,
-                                                     -(x.prog.prior_chain_steps or 0.0), x.trace.index))
-            self._pending = deque(order)
-        elif config.admission_order != "trace":
-            raise ValueError(f"admission_order must be 'trace' or 'longest_prior_first', got {config.admission_order!r}")
+        self._shared: dict[str, array] = {}
 
-    # --- event heap ----------------------------------------------------------------------------
-    def _push(self, t: float, phase: int, kind: str, arg: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (t, phase, self._seq, kind, arg))
-
-    # --- admission -----------------------------------------------------------------------------
-    def _admit(self, now: float) -> None:
-        limit = self.limits.effective_active()
-        while self._pending and self._active < limit:
-            s = self._pending.popleft()
-            self._active += 1
-            s.prog.arrival_seq = self._admitted
-            self._admitted += 1
-            s.admitted_at = now
-            if self.limits.coupled:
-                s.slot = self._free_slots.pop()
-            self._advance(s, now)
-
-    def _finish(self, s: _Sample, now: float) -> None:
-        s.finished_at = now
-        s.ctx = array("q")  # free the context
-        for engine in self.engines:  # drop the engines' per-sample prompt memo
-            forget = getattr(engine, "forget_sample", None)
-            if forget is not None:
-                forget(s.trace.index)
-        self._active -= 1
-        if s.slot is not None:
-            self._free_slots.append(s.slot)
-            s.slot = None
-        self._admit(now)
-
-    def _advance(self, s: _Sample, now: float) -> None:
-        steps = s.trace.steps
-        if s.pos >= len(steps):
-            self._finish(s, now)
-            return
-        st = steps[s.pos]
-        if st.kind == INFERENCE:
-            self._enqueue_inference(s, now)
-        else:
-            self._enqueue_env(s, now)
-
-    # --- inference -----------------------------------------------------------------------------
-    def _prompt(self, s: _Sample, length: int) -> array:
+    def prompt(self, s: _Sample, length: int) -> array:
         ctx = s.ctx
         if not ctx and s.trace.shared_prefix_tokens:
-            group = s.trace.prefix_group
-            shared = self._shared.get(group)
-            if shared is None or len(shared) < s.trace.shared_prefix_tokens:
-                base = (zlib.crc32(group.encode()) + 1) << 24
-                shared = array("q", range(base, base + s.trace.shared_prefix_tokens))
-                self._shared[group] = shared
-            ctx.extend(shared[: s.trace.shared_prefix_tokens])
+            ctx.extend(self._shared_prefix(s.trace.prefix_group, s.trace.shared_prefix_tokens))
         if len(ctx) < length:  # observation / template tokens not yet in the context
-            self._extend(ctx, length - len(ctx))
-        elif len(ctx) > length:  # the agent shortened its context: a new list (see below)
+            self.extend(ctx, length - len(ctx))
+        elif len(ctx) > length:  # the agent shortened its context: a new array (see below)
             s.ctx = ctx = ctx[:length]
-        # The context list itself is the prompt (no copy). The engine reads it in add_request and
-        # keeps it only as its per-sample memo, whose prefix stays valid because a context only
-        # grows by appends while it lives; a shortened context is a new list.
+        # The context itself is the prompt (no copy). The engine keeps it only as its per-sample
+        # memo, whose prefix stays valid because a context only grows by appends while it lives.
         return ctx
 
-    def _extend(self, ctx: array, n: int) -> None:
-        # New context tokens: one id unique in the whole batch, then zeros. The engine's block
-        # hashes are chained over the prefix, so blocks after a unique token are unique too, and
-        # zeros are a memcpy instead of a Python int per token.
+    def _shared_prefix(self, group: str, n: int) -> array:
+        shared = self._shared.get(group)
+        if shared is None or len(shared) < n:
+            base = (zlib.crc32(group.encode()) + 1) << 24
+            shared = array("q", range(base, base + n))
+            self._shared[group] = shared
+        return shared[:n]
+
+    def extend(self, ctx: array, n: int) -> None:
         if n <= 0:
             return
         ctx.append(self._fresh)
@@ -238,42 +191,142 @@ class VirtualBatch:
             ctx.extend(_ZEROS if k == len(_ZEROS) else _ZEROS[:k])
             n -= k
 
-    def _enqueue_inference(self, s: _Sample, now: float) -> None:
-        st = s.trace.steps[s.pos]
-        ticket = StepTicket(sample=s.prog, kind=StepKind.INFERENCE, step_index=st.index, enqueued_at=now,
-                            prompt_tokens=int(st.prompt_tokens or 0), payload=s)  # fmt: skip
-        for w, load in enumerate(self.loads):
-            load.in_flight = self.inflight[w]
-            load.queued = len(self.queues[w])
-            if self._want_kv:  # as a live router reads vllm:kv_cache_usage_perc from /metrics
-                load.kv_usage = self.engines[w].metrics()["kv_cache_usage_perc"]
-        name = self.router.route(ticket, self.loads)
-        w = self._index[name]
-        ticket.worker = name
-        self.queues[w].push(ticket)
-        self._dispatch(w, now)
 
-    def _dispatch(self, w: int, now: float) -> None:
-        q = self.queues[w]
-        engine = self.engines[w]
-        cap = self.limits.per_worker_inflight
-        while len(q) and self.inflight[w] < cap:
-            ticket = q.pop(now)
-            s: _Sample = ticket.payload  # type: ignore[assignment]
-            st = s.trace.steps[s.pos]
-            prio = self.priority.priority(s.prog)
-            rid = f"{s.trace.index}:{st.index}"
-            out = max(1, int(st.output_tokens or 1))
-            req = self._SimRequest(
-                request_id=rid, sample_id=s.trace.index, prompt=self._prompt(s, int(st.prompt_tokens or 1)),
-                output_tokens=out, priority=0 if prio is None else prio, arrival=now,
-            )  # fmt: skip
-            engine.add_request(req, now)
-            self._requests[rid] = (s, ticket, now, w)
-            self.inflight[w] += 1
-            if not self.busy[w]:
-                self.busy[w] = True
-                self._push(now, _ITER_START, "iter_start", w)
+class VirtualBatch:
+    """One simulated batch. `run()` once; it returns the raw step and sample records."""
+
+    def __init__(self, trace: Trace, config: VirtualConfig, engine_factory: EngineFactory | None = None) -> None:
+        if config.inference not in ("engine", "recorded"):
+            raise ValueError(f"inference must be 'engine' or 'recorded', got {config.inference!r}")
+        self.trace = trace
+        self.cfg = config
+        self.profile = config.engine_profile()
+        self.limits = config.limits(self.profile)
+        self.names = [f"sim-{i}" for i in range(config.workers)]
+        self.core = build_core(self.limits, self.names, env_queue=config.env_queue,
+                               inference_queue=config.inference_queue, router=config.router,
+                               priority=config.priority, record=config.record_grants)  # fmt: skip
+        self.router = self.core.router
+        if self.core.router.wants_kv_usage:  # as a live router reads vllm:kv_cache_usage_perc from /metrics
+            self.core.load_hook = self._kv_loads
+        engine_policy = "fcfs" if isinstance(self.core.priority, FcfsPriority) else "priority"
+        factory = engine_factory or _default_engine_factory
+        self.engines = [factory(self.profile, n, engine_policy) for n in self.names]
+        self._index = {n: i for i, n in enumerate(self.names)}
+        self.busy = [False] * config.workers
+        self._heap: list[tuple] = []
+        self._seq = 0
+        self._ctx = _Contexts()
+        self._requests: dict[str, _Running] = {}
+        self._steps: list[tuple] = []
+        self._wake: deque[Grant] = deque()  # grants to waiters, handled after the current event
+        self._events = 0
+        priors = config.priors or {}
+        progress = [SampleProgress(sample_id=s.index, task_id=s.task_id, arrival_seq=s.index,
+                                   prior_chain_steps=priors.get(s.task_id)) for s in trace.samples]  # fmt: skip
+        by_id = {p.sample_id: _Sample(s, p) for s, p in zip(trace.samples, progress, strict=True)}
+        self._all = list(by_id.values())
+        self._order = [by_id[p.sample_id] for p in admission_sequence(progress, config.admission_order)]
+
+    def _kv_loads(self, loads: list[WorkerLoad]) -> list[WorkerLoad]:
+        for load in loads:
+            load.kv_usage = self.engines[self._index[load.name]].metrics()["kv_cache_usage_perc"]
+        return loads
+
+    # --- event heap ----------------------------------------------------------------------------
+    def _push(self, t: float, phase: int, kind: str, arg: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, phase, self._seq, kind, arg))
+
+    # --- grants: the driver side of the core -----------------------------------------------------
+    def _submit(self, s: _Sample, ticket: StepTicket, now: float) -> None:
+        for g in self.core.submit(ticket, now):
+            if g.ticket is ticket:  # granted in the call that asked: the sample goes on at once
+                self._start(g, now)
+            else:
+                self._wake.append(g)
+
+    def _drain(self, now: float) -> None:
+        while self._wake:
+            self._start(self._wake.popleft(), now)
+
+    def _start(self, g: Grant, now: float) -> None:
+        s: _Sample = g.ticket.payload  # type: ignore[assignment]
+        if g.resource == ADMISSION:
+            s.admitted_at = now
+            self._advance(s, now)
+            return
+        run = _Running(s, g.ticket, g.slot, now)
+        st = s.trace.steps[s.pos]
+        if g.resource == ENVIRONMENT:
+            self._push(now + (st.duration_s or 0.0) * self.cfg.env_time_scale, _END, "step_end", run)
+        elif self.cfg.inference == "recorded":
+            self._push(now + (st.duration_s or 0.0), _END, "step_end", run)
+        else:
+            self._add_request(run, self._index[g.resource], now)
+
+    # --- samples -------------------------------------------------------------------------------
+    def _advance(self, s: _Sample, now: float) -> None:
+        steps = s.trace.steps
+        if s.pos >= len(steps):
+            self._finish(s, now)
+            return
+        st = steps[s.pos]
+        kind = StepKind.INFERENCE if st.kind == INFERENCE else StepKind.ENVIRONMENT
+        ticket = StepTicket(sample=s.prog, kind=kind, step_index=st.index, enqueued_at=now,
+                            prompt_tokens=int(st.prompt_tokens or 0), payload=s)  # fmt: skip
+        self._submit(s, ticket, now)
+
+    def _finish(self, s: _Sample, now: float) -> None:
+        s.finished_at = now
+        s.ctx = array("q")  # free the context
+        for engine in self.engines:  # drop the engines' per-sample prompt memo
+            engine.forget_sample(s.trace.index)
+        self._wake.extend(self.core.finish(s.prog, now))
+
+    def _completed(self, run: _Running, now: float) -> _Sample:
+        """The core learns that the step ended (progress, slot back); the sample moves past it."""
+        self._wake.extend(self.core.complete(run.ticket, run.slot, now))
+        s = run.sample
+        s.pos += 1
+        return s
+
+    # --- environment and recorded-duration inference ---------------------------------------------
+    def _step_end(self, run: _Running, now: float) -> None:
+        s = run.sample
+        st = s.trace.steps[s.pos]
+        if st.kind == INFERENCE:
+            self._steps.append((s.trace.index, st.index, INFERENCE, run.ticket.enqueued_at, run.started, now,
+                                run.ticket.worker, st.prompt_tokens, st.cached_prompt_tokens or 0, 0,
+                                st.output_tokens, None, None, 0.0, 0))  # fmt: skip
+            self._ctx.extend(s.ctx, int(st.output_tokens or 0))
+            self._advance(self._completed(run, now), now)
+            return
+        self._steps.append((s.trace.index, st.index, ENV_KIND, run.ticket.enqueued_at, run.started, now, run.slot,
+                            None, None, None, None, None, None, None, None))  # fmt: skip
+        if st.obs_tokens:
+            self._ctx.extend(s.ctx, st.obs_tokens)
+        self._completed(run, now)
+        if st.done:
+            s.pos = len(s.trace.steps)
+        self._advance(s, now)
+
+    # --- inference on the engine model ---------------------------------------------------------
+    def _add_request(self, run: _Running, w: int, now: float) -> None:
+        s = run.sample
+        st = s.trace.steps[s.pos]
+        prio = self.core.request_priority(s.prog)
+        rid = f"{s.trace.index}:{st.index}"
+        req = SimRequest(
+            request_id=rid, sample_id=s.trace.index, prompt=self._ctx.prompt(s, int(st.prompt_tokens or 1)),
+            output_tokens=max(1, int(st.output_tokens or 1)), priority=0 if prio is None else prio, arrival=now,
+        )  # fmt: skip
+        self.engines[w].add_request(req, now)
+        run.worker = w
+        self._requests[rid] = run
+        if not self.busy[w]:
+            self.busy[w] = True
+            self._push(now, _ITER_START, "iter_start", w)
 
     def _iter_start(self, w: int, now: float) -> None:
         engine = self.engines[w]
@@ -281,81 +334,48 @@ class VirtualBatch:
             self.busy[w] = False
             return
         res = engine.run_iteration(now)
-        self._push(now + res.duration, _ITER_END, "iter_end", (w, res))
+        self._push(now + res.duration, _END, "iter_end", (w, res))
 
     def _iter_end(self, w: int, res: Any, now: float) -> None:
         for stats in res.finished:
-            s, ticket, started, _ = self._requests.pop(stats.request_id)
-            self.inflight[w] -= 1
+            run = self._requests.pop(stats.request_id)
+            s = run.sample
             st = s.trace.steps[s.pos]
             self._steps.append((
-                s.trace.index, st.index, INFERENCE, ticket.enqueued_at, started, now, self.names[w],
+                s.trace.index, st.index, INFERENCE, run.ticket.enqueued_at, run.started, now, self.names[w],
                 stats.prompt_tokens, stats.cached_prompt_tokens, stats.recomputed_tokens, stats.output_tokens,
                 stats.prefill_s, stats.decode_s, stats.queue_s, stats.preemptions,
             ))  # fmt: skip
-            s.prog.steps_done += 1
-            s.prog.attained_s += now - started
-            s.prog.last_worker = self.names[w]
-            self._extend(s.ctx, stats.output_tokens)
-            s.pos += 1
-            self._advance(s, now)
-        self._dispatch(w, now)
+            self._ctx.extend(s.ctx, stats.output_tokens)
+            self._advance(self._completed(run, now), now)
         # Start the next iteration after every other event of this instant (phase order).
         self._push(now, _ITER_START, "iter_start", w)
 
-    # --- environment ---------------------------------------------------------------------------
-    def _enqueue_env(self, s: _Sample, now: float) -> None:
-        st = s.trace.steps[s.pos]
-        ticket = StepTicket(sample=s.prog, kind=StepKind.ENVIRONMENT, step_index=st.index, enqueued_at=now,
-                            payload=s)  # fmt: skip
-        if s.slot is not None:  # coupled: the sample holds its slot
-            self._start_env(ticket, s.slot, now)
-            return
-        self.env_queue.push(ticket)
-        self._dispatch_env(now)
-
-    def _dispatch_env(self, now: float) -> None:
-        while self._free_slots and len(self.env_queue):
-            ticket = self.env_queue.pop(now)
-            self._start_env(ticket, self._free_slots.pop(), now)
-
-    def _start_env(self, ticket: StepTicket, slot: str, now: float) -> None:
-        s: _Sample = ticket.payload  # type: ignore[assignment]
-        st = s.trace.steps[s.pos]
-        d = (st.duration_s or 0.0) * self.cfg.env_time_scale
-        self._push(now + d, _ENV_END, "env_end", (ticket, slot, now))
-
-    def _env_end(self, ticket: StepTicket, slot: str, started: float, now: float) -> None:
-        s: _Sample = ticket.payload  # type: ignore[assignment]
-        st = s.trace.steps[s.pos]
-        self._steps.append((s.trace.index, st.index, ENVIRONMENT, ticket.enqueued_at, started, now, slot,
-                            None, None, None, None, None, None, None, None))  # fmt: skip
-        s.prog.steps_done += 1
-        s.prog.attained_s += now - started
-        if st.obs_tokens:
-            self._extend(s.ctx, st.obs_tokens)
-        s.pos += 1
-        if s.slot is None:
-            self._free_slots.append(slot)
-            self._dispatch_env(now)
-        if st.done:
-            s.pos = len(s.trace.steps)
-        self._advance(s, now)
-
     # --- main loop -----------------------------------------------------------------------------
+    def _admit_all(self) -> None:
+        # Samples ask for admission in the admission order, each going on at once when admitted
+        # (as the live flow's sample coroutines start in that order).
+        for s in self._order:
+            ticket = self.core.admission_ticket(s.prog, 0.0)
+            ticket.payload = s
+            self._submit(s, ticket, 0.0)
+        self._drain(0.0)
+
     def run(self) -> RawResult:
-        self._admit(0.0)
+        self._admit_all()
         heap = self._heap
-        now = 0.0
+        handlers: dict[str, Callable[[Any, float], None]] = {
+            "iter_start": self._iter_start, "iter_end": lambda a, t: self._iter_end(a[0], a[1], t),
+            "step_end": self._step_end,
+        }  # fmt: skip
         while heap:
             now, _, _, kind, arg = heapq.heappop(heap)
             self._events += 1
-            if kind == "iter_start":
-                self._iter_start(arg, now)
-            elif kind == "iter_end":
-                self._iter_end(arg[0], arg[1], now)
-            else:
-                self._env_end(arg[0], arg[1], arg[2], now)
+            handlers[kind](arg, now)
+            self._drain(now)
+        return self._result()
+
+    def _result(self) -> RawResult:
         unfinished = [s.trace.index for s in self._all if s.finished_at is None]
         if unfinished:
             raise RuntimeError(f"simulation stalled: {len(unfinished)} samples never finished (first {unfinished[:5]})")
@@ -364,13 +384,13 @@ class VirtualBatch:
              s.prog.last_worker)
             for s in self._all
         ]  # fmt: skip
-        counters = getattr(self.router, "counters", None)
         return RawResult(
             steps=self._steps,
             samples=samples,
             makespan_s=max((s.finished_at or 0.0) for s in self._all) if self._all else 0.0,
             events=self._events,
             engine_metrics={n: dict(e.metrics()) for n, e in zip(self.names, self.engines, strict=True)},
-            router_counters={k: getattr(counters, k) for k in ("first", "sticky", "moved")} if counters else {},
-            aged_pops=int(getattr(self.env_queue, "aged_pops", 0)),
+            router_counters=self.core.router.decision_counts(),
+            aged_pops=self.core.environment.queue.aged_pops,
+            grants=list(self.core.log or []),
         )

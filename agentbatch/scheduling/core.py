@@ -1,0 +1,289 @@
+"""The scheduling core: ONE state machine that both clocks drive.
+
+It holds every scheduling decision of a batch: which samples are admitted (up to a limit that may
+change while the batch runs), which waiting step gets a free slot of an engine worker or of the
+environment pool (asked of the queue policies), which worker serves an inference call (the router,
+told through its hooks where each sample's prefix lives), coupled mode, and each sample's progress
+(steps done, attained service) that CAAS and the priorities read.
+
+It does no I/O and never waits: a driver tells it what happened (`submit`, `complete`, `release`,
+`finish`, `set_admission_limit`) with the driver's clock, and every call returns the `Grant`s it
+made, in order. The live driver (`tasks/coordinator.py`) resolves asyncio futures with them; the
+virtual-time driver (`sim/virtual_time/`) starts simulated work. Both run the same decisions, so a
+virtual replay predicts what the live runner does (tests/replay/test_replay_parity.py).
+
+Coupled mode (the baseline, like inspect_ai's `max_sandboxes`): a sample takes an environment slot
+when admitted and keeps it to its end; its environment steps then need no further slot.
+
+Attained service (one definition, both clocks): the sum over a sample's completed steps of the time
+from the step's grant to its completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agentbatch.scheduling.policies import AdmissionLimits, FifoQueue, PriorityPolicy, QueuePolicy, Router
+from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
+
+ADMISSION = "admission"
+ENVIRONMENT = "environment"
+ADMISSION_STEP = -1  # step_index of an admission ticket
+
+LoadHook = Callable[[list[WorkerLoad]], list[WorkerLoad]]
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A slot given to a waiting ticket. `resource` is "admission", "environment" or a worker name."""
+
+    ticket: StepTicket
+    resource: str
+    slot: str
+
+
+@dataclass(frozen=True, slots=True)
+class GrantRecord:
+    """One line of the grant log (`SchedulingCore(record=True)`): what the parity test compares."""
+
+    resource: str
+    sample_id: int
+    step_index: int
+    at: float
+
+
+@dataclass(slots=True)
+class PoolStats:
+    peak_in_use: int = 0
+    granted: int = 0
+
+
+class SlotPool:
+    """Named slots of one resource and the queue of tickets waiting for them.
+
+    The capacity may shrink while slots are held: the surplus is dropped as its holders give back.
+    """
+
+    def __init__(self, name: str, prefix: str, capacity: int, queue: QueuePolicy) -> None:
+        self.name = name
+        self.prefix = prefix
+        self.queue = queue
+        self.capacity = 0
+        self.in_use = 0
+        self.free: list[str] = []  # a stack: the lowest-numbered free slot is taken first
+        self._made = 0
+        self.stats = PoolStats()
+        self.resize(capacity)
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = capacity
+        while self.in_use + len(self.free) < capacity:
+            self.free.insert(0, f"{self.prefix}{self._made}")
+            self._made += 1
+        while self.free and self.in_use + len(self.free) > capacity:
+            self.free.pop(0)
+
+    def take(self) -> str:
+        slot = self.free.pop()
+        self.in_use += 1
+        self.stats.granted += 1
+        self.stats.peak_in_use = max(self.stats.peak_in_use, self.in_use)
+        return slot
+
+    def give(self, slot: str) -> None:
+        self.in_use -= 1
+        if self.in_use + len(self.free) < self.capacity:
+            self.free.append(slot)
+
+
+class SchedulingCore:
+    """The pure scheduling state machine of one batch (see the module docstring)."""
+
+    def __init__(
+        self,
+        limits: AdmissionLimits,
+        workers: Sequence[str],
+        env_queue: QueuePolicy,
+        inference_queues: Mapping[str, QueuePolicy],
+        router: Router,
+        priority: PriorityPolicy,
+        *,
+        load_hook: LoadHook | None = None,
+        record: bool = False,
+    ) -> None:
+        if not workers:
+            raise ValueError("the scheduling core needs at least one engine worker")
+        self.limits = limits
+        self.router = router
+        self.priority = priority
+        # Adds what the core cannot see (real KV usage and queue lengths from the workers' /metrics,
+        # or the engine model's KV usage) to the router's view of the workers.
+        self.load_hook = load_hook
+        self.admission_limit = limits.max_active_samples
+        self.admission = SlotPool(ADMISSION, "active-", limits.effective_active(), FifoQueue())
+        self.environment = SlotPool(ENVIRONMENT, "env-", limits.env_slots, env_queue)
+        self.workers = {w: SlotPool(w, f"{w}#", limits.per_worker_inflight, inference_queues[w]) for w in workers}
+        self._admitted: dict[int, str] = {}  # sample id -> its admission slot
+        self._held_env: dict[int, str] = {}  # coupled mode: sample id -> its environment slot
+        self._cached: dict[str, set[int]] = {w: set() for w in workers}  # samples whose prefix a worker holds
+        self._admissions = 0  # admission grants so far: each sample's arrival_seq
+        self.sticky = 0  # inference calls routed back to the sample's previous worker
+        self.moves = 0  # inference calls routed away from it
+        self.log: list[GrantRecord] | None = [] if record else None
+
+    # --- what drivers tell the core -----------------------------------------------------------------
+    def admission_ticket(self, sample: SampleProgress, now: float) -> StepTicket:
+        return StepTicket(sample=sample, kind=StepKind.INFERENCE, step_index=ADMISSION_STEP, enqueued_at=now)
+
+    def submit(self, ticket: StepTicket, now: float) -> list[Grant]:
+        """A ticket starts waiting: an admission ticket, an environment action or an inference call
+        (routed here; the chosen worker is left in `ticket.worker`)."""
+        held = self._held_env.get(ticket.sample.sample_id)
+        if ticket.kind == StepKind.ENVIRONMENT and held is not None:  # coupled: its own slot
+            return [self._record(Grant(ticket, ENVIRONMENT, held), now)]
+        pool = self._pool_for(ticket, route=True)
+        pool.queue.push(ticket)
+        return self._pump(pool, now)
+
+    def complete(self, ticket: StepTicket, slot: str, now: float) -> list[Grant]:
+        """The step ended: the sample has progressed and the slot is free again."""
+        sample = ticket.sample
+        sample.steps_done += 1
+        if ticket.granted_at is not None:
+            sample.attained_s += now - ticket.granted_at
+        if ticket.kind == StepKind.INFERENCE and ticket.worker is not None:
+            self._learn(sample, ticket.worker)
+        return self.release(ticket, slot, now)
+
+    def release(self, ticket: StepTicket, slot: str, now: float) -> list[Grant]:
+        """Give a step's slot back without progress (the step failed or was cancelled)."""
+        if ticket.step_index == ADMISSION_STEP:  # an admission whose waiter went away
+            return self.finish(ticket.sample, now)
+        if slot == self._held_env.get(ticket.sample.sample_id):
+            return []
+        pool = self._pool_for(ticket, route=False)
+        pool.give(slot)
+        return self._pump(pool, now)
+
+    def withdraw(self, ticket: StepTicket) -> bool:
+        """A waiting ticket stops waiting (its waiter was cancelled); False if it was not waiting."""
+        return self._pool_for(ticket, route=False).queue.remove(ticket)
+
+    def finish(self, sample: SampleProgress, now: float) -> list[Grant]:
+        """The sample ended: its admission slot (and, coupled, its environment slot) is free."""
+        sid = sample.sample_id
+        self.admission.give(self._admitted.pop(sid))
+        held = self._held_env.pop(sid, None)
+        if held is not None:
+            self.environment.give(held)
+        for cached in self._cached.values():
+            cached.discard(sid)
+        self.router.on_sample_finished(sid)
+        return self._pump(self.admission, now)
+
+    def set_admission_limit(self, limit: int, now: float) -> list[Grant]:
+        """Change how many samples may be admitted at once (an admission controller's knob). A lower
+        limit takes effect as admitted samples finish; nothing running is stopped."""
+        if limit < 1:
+            raise ValueError(f"admission limit must be >= 1, got {limit}")
+        self.admission_limit = limit
+        self.admission.resize(self.limits.effective_active(limit))
+        return self._pump(self.admission, now)
+
+    # --- what drivers ask ---------------------------------------------------------------------------
+    def request_priority(self, sample: SampleProgress) -> int | None:
+        return self.priority.priority(sample)
+
+    def worker_loads(self) -> list[WorkerLoad]:
+        loads = [
+            WorkerLoad(name=w, in_flight=p.in_use, queued=len(p.queue), capacity=p.capacity,
+                       cached_samples=self._cached[w])
+            for w, p in self.workers.items()
+        ]  # fmt: skip
+        return self.load_hook(loads) if self.load_hook is not None else loads
+
+    def pools(self) -> Iterable[SlotPool]:
+        yield self.admission
+        yield self.environment
+        yield from self.workers.values()
+
+    def peaks(self) -> dict[str, int]:
+        return {p.name: p.stats.peak_in_use for p in self.pools()}
+
+    def in_use(self) -> dict[str, int]:
+        return {p.name: p.in_use for p in self.pools()}
+
+    def queued(self) -> dict[str, int]:
+        return {p.name: len(p.queue) for p in self.pools()}
+
+    # --- inside -------------------------------------------------------------------------------------
+    def _pool_for(self, ticket: StepTicket, route: bool) -> SlotPool:
+        if ticket.step_index == ADMISSION_STEP:
+            return self.admission
+        if ticket.kind == StepKind.ENVIRONMENT:
+            return self.environment
+        if route:
+            ticket.worker = self._route(ticket)
+        assert ticket.worker is not None, "an inference ticket is routed when submitted"
+        return self.workers[ticket.worker]
+
+    def _route(self, ticket: StepTicket) -> str:
+        loads = self.worker_loads()
+        self.router.update_loads(loads)
+        worker = self.router.route(ticket, loads)
+        previous = ticket.sample.last_worker
+        if previous is not None:
+            if previous == worker:
+                self.sticky += 1
+            else:
+                self.moves += 1
+        return worker
+
+    def _learn(self, sample: SampleProgress, worker: str) -> None:
+        # The worker that served the call now holds the sample's prefix; the others' copies go stale.
+        sid = sample.sample_id
+        for w, cached in self._cached.items():
+            if w == worker:
+                cached.add(sid)
+            else:
+                cached.discard(sid)
+        sample.last_worker = worker
+        self.router.on_request_complete(sid, worker)
+
+    def _pump(self, pool: SlotPool, now: float) -> list[Grant]:
+        grants: list[Grant] = []
+        while pool.free and len(pool.queue):
+            ticket = pool.queue.pop(now)
+            grants.append(self._record(Grant(ticket, pool.name, pool.take()), now))
+            if pool is self.admission:
+                self._admitted_now(ticket, grants[-1].slot)
+        return grants
+
+    def _admitted_now(self, ticket: StepTicket, slot: str) -> None:
+        sample = ticket.sample
+        sample.arrival_seq = self._admissions
+        self._admissions += 1
+        self._admitted[sample.sample_id] = slot
+        if self.limits.coupled:  # admission slots never outnumber environment slots when coupled
+            self._held_env[sample.sample_id] = self.environment.take()
+
+    def _record(self, grant: Grant, now: float) -> Grant:
+        grant.ticket.granted_at = now
+        if self.log is not None:
+            t = grant.ticket
+            self.log.append(GrantRecord(grant.resource, t.sample.sample_id, t.step_index, now))
+        return grant
+
+
+def admission_sequence(samples: Sequence[SampleProgress], order: str) -> list[SampleProgress]:
+    """The order samples queue for admission (both clocks). "arrival": as given.
+    "longest_prior_first": longest expected chain first (LPT, `prior_chain_steps` from earlier
+    batches or a priors trace), samples without a prior after, each group in the given order."""
+    if order in ("arrival", "trace"):
+        return list(samples)
+    if order != "longest_prior_first":
+        raise ValueError(f"admission_order must be 'arrival' or 'longest_prior_first', got {order!r}")
+    ranked = sorted(enumerate(samples), key=lambda e: (e[1].prior_chain_steps is None,
+                                                       -(e[1].prior_chain_steps or 0.0), e[0]))
+    return [s for _, s in ranked]

@@ -1,0 +1,29 @@
+"""The scheduling defaults, defined once: the batch config (`run`), `replay` (both modes), the
+virtual-time config and `AdmissionLimits` all read them from here.
+
+The defaults are the coordination policies (docs/ablation.md): decoupled admission, CAAS for the
+environment queue, trajectory-aware routing, chain-progress engine priority and longest-recorded-
+chain-first admission when the store (or `--priors`) has history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ADMISSION_ORDERS = ("arrival", "longest_prior_first")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingDefaults:
+    max_active_samples: int = 32  # samples admitted at once (the reference concurrency)
+    env_slots: int = 8  # environment actions running at once
+    per_worker_inflight: int = 16  # inference requests in flight per engine worker
+    coupled: bool = False  # True = baseline: a sample holds an environment slot while admitted
+    admission_order: str = "longest_prior_first"  # or "arrival"
+    env_queue: str = "caas"
+    inference_queue: str = "fifo"
+    router: str = "trajectory_aware"
+    priority: str = "chain_progress"
+
+
+DEFAULTS = SchedulingDefaults()
