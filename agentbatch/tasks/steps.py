@@ -146,7 +146,6 @@ async def execute_step(
 ) -> None:
     """Run one step with its retries; raises StepFailed when it cannot complete."""
     delays = batch.retry.delays(ticket.kind)
-    started = time.monotonic()
     for attempt in range(len(delays) + 1):
         try:
             await _attempt(batch, run, ticket, slot, task_run_id)
@@ -162,7 +161,7 @@ async def execute_step(
             raise
         except Exception as exc:
             raise StepFailed(f"{ticket.kind} step {ticket.step_index}: {exc.__class__.__name__}: {exc}") from exc
-    run.progress.steps_done += 1
-    run.progress.attained_s += time.monotonic() - started
+    # The sample's progress (steps done, attained service) advances when the coordinator gets the
+    # slot back (`Coordinator.release`), by the scheduling core's one definition, in both clocks.
     if batch.on_step:
         batch.on_step(ticket)
