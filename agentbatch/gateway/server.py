@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 import threading
 import time
@@ -44,6 +45,7 @@ class GatewayBatch:
     name: str = "gateway"
     config: dict[str, Any] = field(default_factory=dict)
     batch_id: int | None = None
+    flow_run_id: str | None = None  # the Prefect flow run that serves it, if any
 
 
 class Gateway:
@@ -83,7 +85,7 @@ class Gateway:
         recorder, batch_id = self.state.recorder, self.batch.batch_id
         if batch_id is None:
             batch_id = await recorder.call(lambda st: st.create_batch(self.batch.name, self.batch.config, []))
-        await recorder.call(lambda st: st.mark_batch_running(batch_id))
+        await recorder.call(lambda st: st.mark_batch_running(batch_id, self.batch.flow_run_id))
         for e in self.endpoints:
             recorder.submit(lambda st, e=e: st.upsert_worker(batch_id, e.name, "engine", endpoint=e.base_url))
         self.state.batch_id = self.state.registry.batch_id = batch_id
@@ -143,19 +145,54 @@ class Gateway:
         return Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes], lifespan=lifespan)
 
 # --- running it ----------------------------------------------------------------------------------------
-def uvicorn_server(gateway: Gateway, host: str, port: int | None = None, *,
-                   sock: socket.socket | None = None, graceful_s: float = 30.0) -> Any:
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A bound socket for the server (port 0: a free one); OSError when the address is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def uvicorn_server(gateway: Gateway, *, graceful_s: float = 30.0) -> Any:
+    """A uvicorn server for the gateway (serve it with `server.serve(sockets=[listen_socket(...)])`);
+    POST /v1/batch/finish stops it as SIGTERM does."""
     import uvicorn
 
-    config = uvicorn.Config(gateway.app(), host=host, port=port or 0, log_level="warning", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=graceful_s)
+    config = uvicorn.Config(gateway.app(), log_level="warning", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=graceful_s)
     server = uvicorn.Server(config)
 
     def stop() -> None:
         server.should_exit = True
 
     gateway.on_stop = stop
+    # uvicorn re-raises a captured SIGTERM after its shutdown, which would end the process before the
+    # caller prints its summary: here a signal only stops the server (a second SIGINT forces it).
+    server.capture_signals = lambda: _stop_on_signals(server)
     return server
+
+
+@contextlib.contextmanager
+def _stop_on_signals(server: Any) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+
+    def handle(sig: int, frame: Any) -> None:
+        if server.should_exit and sig == signal.SIGINT:
+            server.force_exit = True
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
@@ -169,10 +206,8 @@ class RunningGateway:
 def running_gateway(gateway: Gateway, host: str = "127.0.0.1") -> Iterator[RunningGateway]:
     """Serve a gateway in a background thread on a free port (tests, notebooks, benchmarks). Leaving
     the block stops it the way SIGTERM does, and waits until every record is committed."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    server = uvicorn_server(gateway, host, sock=sock)
+    sock = listen_socket(host, 0)
+    server = uvicorn_server(gateway)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
                               name="agentbatch-gateway")
     thread.start()

@@ -1,0 +1,200 @@
+"""`agentbatch gateway --config FILE`: serve the inference gateway and the MCP tool gateway as one batch."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+
+
+class GatewayStartError(Exception):
+    """The gateway cannot start (address in use): nothing was written."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gateway", help="serve an OpenAI-compatible gateway and an MCP tool gateway for an external harness",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Start one batch in the store and serve, until POST /v1/batch/finish or SIGTERM: the "
+        "OpenAI-compatible inference gateway at http://HOST:PORT/v1 (chat completions incl. streaming, "
+        "models, /health, /metrics) in front of the config's engine workers (engine.kind openai), and the "
+        "MCP tool gateway (streamable HTTP) at http://HOST:PORT/mcp in front of the --mcp servers. Every "
+        "request and tool call runs under the config's scheduling (admission, trajectory-aware routing, "
+        "per-worker in-flight limits, environment slots ordered by CAAS) and is recorded as a step, so "
+        "status, report and --compare work on the batch. See docs/gateway.md.",
+    )
+    p.add_argument("--config", type=Path, required=True, help="batch config (.yaml/.toml); engine.kind must be "
+                   "openai with engine.params.endpoints; the workload section is not used")
+    add_db_option(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8100, help="TCP port")
+    p.add_argument("--mcp", action="append", default=[], metavar="NAME=URL|NAME=COMMAND",
+                   help="an upstream MCP server for the tool gateway: a streamable-HTTP URL or a command "
+                   "started over stdio (repeatable)")
+    p.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
+                   help="an admitted sample without a request or tool call for S seconds ends")
+    p.add_argument("--no-end-on-answer", action="store_true",
+                   help="an answer without tool calls does not end the sample (multi-turn harnesses that call "
+                   "POST /v1/samples/ID/finish)")
+    p.add_argument("--expect", type=int, default=None, metavar="N", help="samples expected (progress bar total)")
+    p.add_argument("--report", type=Path, metavar="DIR", help="write the HTML/PNG report to DIR at the end")
+    p.add_argument("--no-prefect", action="store_true", help="no Prefect flow run (and no artifacts)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=main)
+
+
+def _check(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any]] | str:
+    """The config, worker endpoints and upstream specs; or the message of what is wrong."""
+    from agentbatch.engines.openai_http import load_endpoints
+    from agentbatch.flows.config import ConfigError, load_config
+    from agentbatch.gateway.forward import WorkerEndpoint
+    from agentbatch.gateway.tools import parse_upstream
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        return str(exc)
+    if config.engine.kind != "openai":
+        return (f"{args.config}: engine.kind: the gateway forwards to HTTP workers; expected 'openai' "
+                f"(with engine.params.endpoints), got {config.engine.kind!r}")
+    try:
+        endpoints = [WorkerEndpoint(e["name"], e["base_url"], e["model"], e.get("api_key"))
+                     for e in load_endpoints(config.engine.params.get("endpoints"))]
+        upstreams = [parse_upstream(text) for text in args.mcp]
+    except (ValueError, OSError) as exc:
+        return f"{args.config}: {exc}" if "--mcp" not in str(exc) else str(exc)
+    if not 0 < args.port < 65536:
+        return f"--port: expected 1..65535, got {args.port}"
+    if args.idle_timeout <= 0:
+        return f"--idle-timeout: expected seconds > 0, got {args.idle_timeout}"
+    if args.expect is not None and args.expect < 1:
+        return f"--expect: expected a positive number of samples, got {args.expect}"
+    return config, endpoints, upstreams
+
+
+def main(args: argparse.Namespace) -> int:
+    checked = _check(args)
+    if isinstance(checked, str):
+        return fail(checked)
+    quiet_prefect_defaults()
+    options = {"db": args.db, "host": args.host, "port": args.port, "expect": args.expect,
+               "report": str(args.report) if args.report else None, "progress": not args.no_progress,
+               "idle_timeout": args.idle_timeout, "end_on_answer": not args.no_end_on_answer}
+    try:
+        if args.no_prefect:
+            batch_id = asyncio.run(serve_gateway(checked, options))
+        else:
+            batch_id = asyncio.run(gateway_flow(str(args.config), args.mcp, options))
+    except GatewayStartError as exc:
+        return fail(str(exc))
+    return _summary(args.db, batch_id)
+
+
+def _summary(db: str | None, batch_id: int) -> int:
+    from agentbatch.dashboards.summary import summarize
+    from agentbatch.db.store import Store
+
+    store = Store(db)
+    try:
+        print(summarize(store, batch_id).to_text())
+    finally:
+        store.close()
+    return 0
+
+
+async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict[str, Any]) -> int:
+    """Serve until finished; returns the batch id. Progress bar and Prefect artifacts follow the samples."""
+    from agentbatch.dashboards.artifacts import publish_batch_artifacts
+    from agentbatch.dashboards.report import write_report
+    from agentbatch.db.store import Store
+    from agentbatch.flows.batch import build_coordinator
+    from agentbatch.gateway.core import GatewaySettings
+    from agentbatch.gateway.server import Gateway, GatewayBatch, listen_socket, uvicorn_server
+
+    config, endpoints, upstreams = checked
+    try:  # before the store is opened: an address in use leaves nothing behind
+        sock = listen_socket(options["host"], options["port"])
+    except OSError as exc:
+        raise GatewayStartError(f"--host/--port: cannot listen on {options['host']}:{options['port']}: {exc}") from exc
+    from prefect.context import FlowRunContext
+
+    run = FlowRunContext.get()
+    store = Store(options["db"])
+    batch = GatewayBatch(config.name, config.model_dump(mode="json"),
+                         flow_run_id=str(run.flow_run.id) if run and run.flow_run else None)
+    gateway = Gateway(store, build_coordinator(config, [e.name for e in endpoints]), endpoints,
+                      batch=batch, upstreams=upstreams,
+                      settings=GatewaySettings(idle_timeout_s=options["idle_timeout"],
+                                               end_on_answer=options["end_on_answer"]))
+    server = uvicorn_server(gateway)
+    watcher = asyncio.create_task(_watch(gateway, options))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        sock.close()
+    report = Path(options["report"]) if options["report"] else None
+    report_path = write_report(store, [gateway.batch_id], report) if report is not None else None
+    await publish_batch_artifacts(store, gateway.batch_id, report_path=report_path)
+    if report_path:
+        print(f"report: {report_path}")
+    store.close()
+    return gateway.batch_id
+
+
+async def _watch(gateway: Any, options: dict[str, Any]) -> None:
+    """Announce the endpoints once open; then a progress bar and the Prefect progress artifact."""
+    from tqdm import tqdm
+
+    from agentbatch.dashboards.artifacts import BatchProgressArtifact
+
+    while not gateway.opened:
+        await asyncio.sleep(0.05)
+    base = f"http://{options['host']}:{options['port']}"
+    print(f"agentbatch gateway: batch {gateway.batch_id} in {gateway.store.url}\n"
+          f"  OpenAI base URL {base}/v1   MCP tool gateway {base}/mcp ({len(gateway.tools.tools)} tools)\n"
+          f"  finish with: curl -X POST {base}/v1/batch/finish   (or SIGTERM)", flush=True)
+    registry = gateway.state.registry
+    bar = tqdm(total=options["expect"], desc=f"gateway batch {gateway.batch_id}", unit="sample",
+               disable=None if options["progress"] else True)
+    artifact = BatchProgressArtifact()
+    await artifact.start(gateway.batch_id, options["expect"] or 0)
+    try:
+        while True:
+            await asyncio.sleep(1.0)
+            done = sum(1 for s in registry.samples.values() if s.ends and not s.admitted)
+            if not options["expect"]:
+                bar.total = artifact.total = len(registry.samples)
+            bar.n = done
+            bar.set_postfix(active=registry.active, refresh=False)
+            bar.refresh()
+            await artifact.update(done)
+    finally:
+        bar.close()
+        await artifact.flush()
+
+
+def _flow() -> Any:
+    from prefect import flow
+
+    @flow(name="agentbatch-gateway", validate_parameters=False, persist_result=False, log_prints=False)
+    async def run_gateway(config_path: str, mcp: list[str], options: dict[str, Any]) -> int:
+        args = argparse.Namespace(config=Path(config_path), mcp=mcp, port=options["port"],
+                                  idle_timeout=options["idle_timeout"], expect=options["expect"])
+        checked = _check(args)
+        if isinstance(checked, str):
+            raise ValueError(checked)
+        return await serve_gateway(checked, options)
+
+    return run_gateway
+
+
+async def gateway_flow(config_path: str, mcp: list[str], options: dict[str, Any]) -> int:
+    """The gateway as a Prefect flow run (`agentbatch-gateway`), with the batch's artifacts."""
+    return await _flow()(config_path, mcp, options)
