@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from agentbatch.dashboards.analytics import BatchAnalysis, CriticalSample
 from agentbatch.dashboards.frames import load_batch
+from agentbatch.db.history import priors_used
 from agentbatch.db.store import Store
 from agentbatch.scheduling.lower_bound import LowerBound
 
@@ -31,6 +32,7 @@ class BatchSummary:
     env_utilisation: float | None = None
     worker_utilisation: dict[str, float] = field(default_factory=dict)
     critical: list[CriticalSample] = field(default_factory=list)
+    priors: str | None = None  # chain-length priors the batch was admitted with (db/history.py)
 
     @property
     def lb_ratio(self) -> float | None:
@@ -80,6 +82,8 @@ class BatchSummary:
         lines.append(f"  cache         hit rate {hit}, recomputed tokens {self.recomputed_tokens}")
         score = f"{self.score_mean:.4f}" if self.score_mean is not None else "-"
         lines.append(f"  score         mean {score}")
+        if self.priors:
+            lines.append(f"  priors        {self.priors}")
         if self.critical:
             c = self.critical[0]
             lines.append(f"  last sample   {c.task_id} (id {c.sample_id}) finished at {c.finished_s:.1f} s after "
@@ -119,4 +123,7 @@ def summary_from_analysis(a: BatchAnalysis) -> BatchSummary:
 
 def summarize(store: Store, batch_id: int) -> BatchSummary:
     """Figures of one batch; raises frames.UnknownBatch for an unknown id."""
-    return summary_from_analysis(BatchAnalysis(load_batch(store, batch_id)))
+    summary = summary_from_analysis(BatchAnalysis(load_batch(store, batch_id)))
+    used = priors_used(store, batch_id)
+    summary.priors = used.describe() if used is not None else None
+    return summary

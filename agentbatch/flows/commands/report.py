@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"agentbatch report: {exc}", file=sys.stderr)
             return 2
         out = args.out or default_out_dir(args.batch_id)
-        index = write_report_for(analyses, out)
+        index = write_report_for(analyses, out, store=store)
         for a in analyses:
             print(summary_from_analysis(a).to_text())
         if len(analyses) > 1:

@@ -1,0 +1,137 @@
+"""`agentbatch deploy CONFIG --name NAME (--cron EXPR | --interval SECONDS) [--param KEY=VALUE ...]`:
+register a scheduled eval as a Prefect deployment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+
+SERVER_HINT = ("deployments live on a running Prefect server: start one (`prefect server start`) and set "
+               "PREFECT_API_URL=http://HOST:4200/api; Prefect's temporary server lives only as long as one "
+               "command, so nothing would ever fire the schedule")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "deploy", help="register a scheduled eval (a Prefect deployment of the batch flow)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Register (or update) a Prefect deployment that runs CONFIG on a schedule: each run "
+        "creates a batch linked to its flow run and deployment, uses the suite's earlier chain lengths as "
+        "priors, and publishes a markdown artifact with its diff against the suite's previous run. "
+        "Needs a running Prefect server (PREFECT_API_URL). Runs execute under `agentbatch serve` (this "
+        "machine) or, with --work-pool, under `prefect worker start --pool POOL` (any machine). "
+        "The config and every override are validated before anything is registered (exit 2).",
+    )
+    p.add_argument("config", type=Path, help="batch config file (.yaml, .yml, .toml)")
+    p.add_argument("--name", required=True, help="deployment name (letters, digits, - and _)")
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", metavar="EXPR", help='cron schedule, e.g. "0 2 * * *" (02:00 UTC every night)')
+    when.add_argument("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted config field (engine.params.endpoints.0.model=ckpt-12; values are "
+                   "JSON when they parse as JSON, else strings); tag=NAME labels the runs (checkpoint tag). "
+                   "Repeatable")
+    add_db_option(p)
+    p.add_argument("--threshold", type=float, default=0.0,
+                   help="a task or group whose score falls by more than this is flagged as a regression")
+    p.add_argument("--makespan-threshold", type=float, default=None, metavar="RATIO",
+                   help="flag a makespan more than (1 + RATIO) x the previous run's (off by default)")
+    p.add_argument("--report-dir", type=Path, default=None, metavar="DIR",
+                   help="write each run's HTML report to DIR/batch-<id>/ (on the machine that runs it)")
+    p.add_argument("--work-pool", default=None, metavar="POOL",
+                   help="a Prefect work pool (type process) whose workers run it, instead of `agentbatch serve`")
+    p.add_argument("--by-path", action="store_true",
+                   help="store the config file's path, read where each run executes, instead of its content "
+                   "(for configs that carry secrets such as API keys)")
+    p.set_defaults(func=main)
+
+
+def _db_parameter(db: str | None) -> str | None:
+    """What the deployment stores as the store URL; never a password (parameters are plain text)."""
+    from agentbatch.db.engine import resolve_url
+    from agentbatch.flows.deployments import find_secrets
+
+    if db:
+        if find_secrets(db):
+            raise ValueError("--db: the URL holds a password, and deployment parameters are stored in plain "
+                             "text on the Prefect server; give it without the password and set "
+                             "AGENTBATCH_DB_URL (or ~/.pgpass) where the runs execute")
+        return db
+    if os.environ.get("AGENTBATCH_DB_URL"):
+        return None  # resolved where each run executes, from its own environment
+    return resolve_url(None)  # the SQLite file this command would use, as an absolute path
+
+
+def _check_server() -> str | None:
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        return f"PREFECT_API_URL is not set; {SERVER_HINT}"
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        return f"the Prefect server at {url} does not answer ({exc.__class__.__name__}); {SERVER_HINT}"
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    from agentbatch.flows.config import ConfigError, load_config
+    from agentbatch.flows.deployments import DeploySpec, OverrideError, apply_overrides, find_secrets
+
+    if args.interval is not None and args.interval <= 0:
+        return fail(f"--interval: expected a positive number of seconds, got {args.interval:g}")
+    try:
+        config, tag = apply_overrides(load_config(args.config), args.param)
+    except (ConfigError, OverrideError) as exc:
+        return fail(str(exc))
+    quiet_prefect_defaults()
+    from agentbatch.db.history import config_suite_key
+    from agentbatch.flows.batch import workload_tasks
+
+    try:
+        db = _db_parameter(args.db)
+    except ValueError as exc:
+        return fail(str(exc))
+    try:  # the workload's task list: the suite, and a workload that cannot run is caught here
+        tasks = workload_tasks(config)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        return fail(f"{args.config}: {exc}")
+    data = config.model_dump(mode="json")
+    secrets = find_secrets(data)
+    if secrets and not args.by_path:
+        return fail(f"{args.config}: {', '.join(secrets)} look(s) like secrets, and deployment parameters are "
+                    "stored in plain text on the Prefect server; deploy with --by-path (the file is read where "
+                    "each run executes) or leave them out")
+    if problem := _check_server():
+        return fail(problem)
+    params = {"tag": tag, "db_url": db, "score_threshold": args.threshold,
+              "makespan_threshold": args.makespan_threshold,
+              "report_dir": str(args.report_dir.resolve()) if args.report_dir else None}
+    params.update({"config_path": str(args.config.resolve()), "overrides": args.param} if args.by_path
+                  else {"config": data})
+    return _register(args, DeploySpec(name=args.name, parameters=params, cron=args.cron, interval_s=args.interval,
+                                      work_pool=args.work_pool,
+                                      description=f"agentbatch scheduled eval of {args.config.name}"),
+                     config_suite_key(data, [t for t, _ in tasks]), len(tasks))
+
+
+def _register(args: argparse.Namespace, spec: object, suite: str, n_tasks: int) -> int:
+    from agentbatch.flows.deployments import FLOW_NAME, deploy
+
+    try:
+        deployment_id = deploy(spec)  # type: ignore[arg-type]
+    except ValueError as exc:  # a bad cron expression or deployment name, an unknown work pool
+        return fail(f"cannot register the deployment: {exc}")
+    when = f"cron {args.cron!r}" if args.cron else f"every {args.interval:g} s"
+    print(f"deployment {FLOW_NAME}/{args.name} ({deployment_id}) registered: {when}, suite {suite} "
+          f"({n_tasks} tasks)")
+    if args.work_pool:
+        print(f"runs execute on the workers of pool {args.work_pool}: prefect worker start --pool {args.work_pool}")
+    else:
+        print(f"runs execute while `agentbatch serve {args.name}` runs (the schedule is paused otherwise)")
+    return 0

@@ -1,0 +1,226 @@
+"""Scheduled evals: the batch flow as a Prefect deployment, its parameter overrides, and `serve`.
+
+`scheduled_eval` is the deployed flow: each run creates a batch from the deployment's config (with
+its overrides), links it to the flow run and the deployment, runs it with the suite's priors, and
+publishes a markdown artifact with its diff against the suite's previous run.
+
+Deployments need a running `prefect server` (PREFECT_API_URL): schedules are kept and fired by the
+server's scheduler service, which Prefect's temporary per-process server does not run long enough to
+matter (it lives as long as one command). Two ways to execute the runs:
+- `agentbatch serve`: one process polls the server for this machine's deployments (Prefect's
+  `Runner`, the engine of `flow.serve`) and runs each due run in a subprocess;
+- a work pool (`deploy --work-pool POOL`) with `prefect worker start --pool POOL` on any machine
+  that has agentbatch installed: the multi-machine form.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from pydantic import ValidationError
+
+from agentbatch.db import history as db_history
+from agentbatch.db.store import Store
+from agentbatch.flows.batch import create_batch, execute_batch, workload_tasks
+from agentbatch.flows.config import BatchConfig, ConfigError, load_config
+from agentbatch.tasks.runner import CoordinatedTaskRunner
+
+FLOW_NAME = "agentbatch-scheduled-eval"
+TAG_KEY = "tag"  # `--param tag=...`: the run's checkpoint/model tag, not a config field
+_SECRET_KEYS = re.compile(r"(^|_)(api_key|password|passwd|secret|token)$", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"://[^/@:\s]+:[^/@\s]+@")
+
+
+class OverrideError(ValueError):
+    """A `--param key=value` that cannot be applied; the message names it."""
+
+
+def parse_value(text: str) -> Any:
+    """JSON when the text is JSON (numbers, true/false/null, lists, objects), else the string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _set_path(node: Any, parts: list[str], value: Any, item: str) -> None:
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                node = node.setdefault(part, {})
+        elif isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise OverrideError(f"--param {item}: {'.'.join(parts[:i + 1])}: expected a list index below "
+                                    f"{len(node)}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        else:
+            raise OverrideError(f"--param {item}: {'.'.join(parts[:i])} is a {type(node).__name__}, not a "
+                                "mapping or list")
+
+
+def apply_overrides(config: BatchConfig, items: list[str]) -> tuple[BatchConfig, str | None]:
+    """Set dotted config fields ("engine.params.endpoints.0.model=ckpt-12") and validate the result
+    with the config schema; `tag=...` is returned apart. Raises OverrideError naming the item."""
+    data = config.model_dump(mode="json")
+    tag = None
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise OverrideError(f"--param {item!r}: expected KEY=VALUE with a dotted KEY, e.g. "
+                                "engine.params.endpoints.0.model=my-checkpoint")
+        if key == TAG_KEY:
+            tag = raw
+            continue
+        _set_path(data, key.split("."), parse_value(raw), item)
+    try:
+        return BatchConfig.model_validate(data), tag
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
+                             for e in exc.errors())
+        raise OverrideError(f"--param: the config with these overrides is invalid: {problems}") from exc
+
+
+def find_secrets(node: Any, path: str = "") -> list[str]:
+    """Dotted paths of values that look like secrets (API keys, passwords, URLs with a password)."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for k, v in node.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if _SECRET_KEYS.search(str(k)) and isinstance(v, str) and v:
+                found.append(sub)
+            else:
+                found += find_secrets(v, sub)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found += find_secrets(v, f"{path}.{i}")
+    elif isinstance(node, str) and _URL_PASSWORD.search(node):
+        found.append(path)
+    return found
+
+
+def resolve_config(config: dict[str, Any] | None, config_path: str | None,
+                   overrides: list[str] | None) -> BatchConfig:
+    """The run's config: the stored one, or the file read where the run executes, plus overrides."""
+    if config is not None:
+        cfg = BatchConfig.model_validate(config)
+    elif config_path:
+        cfg = load_config(config_path)
+    else:
+        raise ConfigError("a scheduled eval needs `config` or `config_path`")
+    return apply_overrides(cfg, list(overrides or []))[0] if overrides else cfg
+
+
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters or {}
+    name = (params.get("config") or {}).get("name") or Path(params.get("config_path") or "eval").stem
+    return f"{name}-{params['tag']}" if params.get("tag") else str(name)
+
+
+def _deployment_origin() -> tuple[str | None, str | None]:
+    from prefect.runtime import deployment
+
+    name = deployment.name
+    return (f"{FLOW_NAME}/{name}" if name else None), (str(deployment.id) if deployment.id else None)
+
+
+@flow(name=FLOW_NAME, task_runner=CoordinatedTaskRunner(), flow_run_name=_run_name, persist_result=False,
+      log_prints=False)
+async def scheduled_eval(config: dict[str, Any] | None = None, config_path: str | None = None,
+                         overrides: list[str] | None = None, tag: str | None = None, db_url: str | None = None,
+                         score_threshold: float = 0.0, makespan_threshold: float | None = None,
+                         report_dir: str | None = None) -> dict[str, Any]:
+    """One scheduled run of a suite: a new batch, run with the suite's priors, diffed with the
+    suite's previous run (a markdown artifact flags regressions beyond the thresholds)."""
+    from agentbatch.dashboards.history import diff_with_previous, publish_diff_artifact
+
+    cfg = resolve_config(config, config_path, overrides)
+    tasks = workload_tasks(cfg)
+    store = Store(db_url)
+    try:
+        batch_id = create_batch(cfg, store, tasks)
+        deployment, deployment_id = _deployment_origin()
+        db_history.record_origin(store, batch_id, tag=tag, deployment=deployment, deployment_id=deployment_id)
+        out = Path(report_dir) / f"batch-{batch_id}" if report_dir else None
+        outcome = await execute_batch(store, batch_id, show_progress=False, report_dir=out)
+        diff = diff_with_previous(store, batch_id, threshold=score_threshold, makespan_threshold=makespan_threshold)
+        await publish_diff_artifact(store, batch_id, diff, deployment)
+        return {**outcome.__dict__, "previous_batch_id": diff.before.batch_id if diff else None,
+                "regressions": diff.regressions if diff else 0, "flags": diff.flags if diff else []}
+    finally:
+        store.close()
+
+
+@dataclass
+class DeploySpec:
+    name: str
+    parameters: dict[str, Any]
+    cron: str | None = None
+    interval_s: float | None = None
+    work_pool: str | None = None
+    description: str | None = None
+
+
+def build_deployment(spec: DeploySpec) -> Any:
+    """The RunnerDeployment of `scheduled_eval` (module entrypoint, so any process with agentbatch
+    installed can load it). Served deployments start paused: `serve` resumes them while it runs."""
+    from prefect.schedules import Cron, Interval
+    from prefect.types.entrypoint import EntrypointType
+
+    schedule = Cron(spec.cron) if spec.cron else Interval(float(spec.interval_s or 0))
+    return scheduled_eval.to_deployment(
+        name=spec.name, schedules=[schedule], parameters=spec.parameters, description=spec.description,
+        tags=["agentbatch"], work_pool_name=spec.work_pool, paused=spec.work_pool is None,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+    )
+
+
+def deploy(spec: DeploySpec) -> str:
+    """Register (or update) the deployment on the Prefect server; returns its id."""
+    return str(build_deployment(spec).apply())
+
+
+async def served_deployments(names: list[str]) -> tuple[list[Any], list[str]]:
+    """The deployments of `scheduled_eval` on the server to serve here (all without a work pool, or
+    those named), and the names asked for that do not exist or belong to a work pool."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    async with get_client() as client:
+        found = await client.read_deployments(flow_filter=FlowFilter(name=FlowFilterName(any_=[FLOW_NAME])))
+    servable = [d for d in found if not d.work_pool_name]
+    if not names:
+        return servable, []
+    chosen = [d for d in servable if d.name in names]
+    return chosen, sorted(set(names) - {d.name for d in chosen})
+
+
+async def serve(deployments: list[Any], *, limit: int | None, poll_s: float) -> None:
+    """Run the deployments' scheduled runs until stopped (Ctrl-C / SIGTERM); their schedules are
+    resumed now and paused again when this process stops."""
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.runner import Runner
+    from prefect.types.entrypoint import EntrypointType
+
+    runner = Runner(name="agentbatch-serve", limit=limit, query_seconds=poll_s, pause_on_shutdown=True)
+    for d in deployments:
+        schedules = [DeploymentScheduleCreate(schedule=s.schedule, active=s.active) for s in d.schedules]
+        runner_deployment = scheduled_eval.to_deployment(
+            name=d.name, schedules=schedules, parameters=d.parameters, description=d.description, tags=d.tags,
+            paused=False, entrypoint_type=EntrypointType.MODULE_PATH,
+        )
+        await runner.aadd_deployment(runner_deployment)
+    await runner.start()

@@ -1,0 +1,85 @@
+"""A deployment with a 20 s interval fires at least twice under `agentbatch serve` against a real
+Prefect server: two batches linked to their flow runs and the deployment, the second admitted with
+the first's priors; `history` lists both and `diff` finds no regression (the scripted engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from history_helpers import cli, config, write_config
+
+from agentbatch.db import history
+from agentbatch.db.store import Store
+from agentbatch.flows.deployments import FLOW_NAME
+
+INTERVAL_S = 20
+WAIT_S = 100  # the first run fires one interval after deploy, the second one later
+
+
+async def deployment_and_runs(name: str, flow_run_ids: list[str]) -> tuple[str, list[str | None]]:
+    from prefect import get_client
+
+    async with get_client() as client:
+        deployment = await client.read_deployment_by_name(f"{FLOW_NAME}/{name}")
+        runs = [await client.read_flow_run(r) for r in flow_run_ids]
+    return str(deployment.id), [str(r.deployment_id) if r.deployment_id else None for r in runs]
+
+
+def completed_batches(db: str) -> list[int]:
+    store = Store(db)
+    try:
+        return [b.id for b in store.list_batches() if b.status.startswith("completed")]
+    finally:
+        store.close()
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_serve_fires_a_deployment_twice(tmp_path, capsys) -> None:
+    db = f"sqlite:///{tmp_path / 'nightly.sqlite'}"
+    path = write_config(tmp_path / "nightly.yaml", config())
+    assert cli("deploy", str(path), "--name", "nightly-test", "--interval", str(INTERVAL_S), "--db", db,
+               "--param", "tag=ckpt-a", "--param", "scheduling.env_slots=2") == 0
+    assert "registered: every 20 s" in capsys.readouterr().out
+
+    serve = subprocess.Popen([sys.executable, "-m", "agentbatch.flows.cli", "serve", "nightly-test", "--poll", "2"],
+                             env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while len(completed_batches(db)) < 2 and time.monotonic() < deadline and serve.poll() is None:
+            time.sleep(2)
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        try:
+            out, _ = serve.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            out, _ = serve.communicate()
+    done = completed_batches(db)
+    assert len(done) >= 2, out.decode(errors="replace")[-3000:]
+
+    store = Store(db)
+    b1, b2 = done[:2]
+    rows = [history.suite_row(store, b) for b in (b1, b2)]
+    assert {r.deployment for r in rows} == {f"{FLOW_NAME}/nightly-test"} and {r.tag for r in rows} == {"ckpt-a"}
+    assert store.get_batch(b1).config["scheduling"]["env_slots"] == 2  # the override reached the run
+    flow_runs = [store.get_batch(b).flow_run_id for b in (b1, b2)]
+    assert len(set(flow_runs)) == 2 and None not in flow_runs
+    deployment_id, run_deployments = asyncio.run(deployment_and_runs("nightly-test", flow_runs))
+    assert run_deployments == [deployment_id, deployment_id] and rows[0].deployment_id == deployment_id
+    p = history.priors_used(store, b2)
+    assert (p.source, p.runs, p.tasks) == ("suite", 1, 4)  # the second run used the first's chain lengths
+    store.close()
+
+    assert cli("history", "nightly-test", "--db", db, "--json") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["batch_id"] for r in listed[rows[0].suite_key]][:2] == [b1, b2]
+    assert cli("diff", str(b1), str(b2), "--db", db) == 0
+    assert "regressions: 0 task(s)" in capsys.readouterr().out
