@@ -16,6 +16,7 @@ from agentbatch.dashboards import charts_html, charts_png
 from agentbatch.dashboards.analytics import BatchAnalysis
 from agentbatch.dashboards.compare import compare
 from agentbatch.dashboards.frames import load_batch
+from agentbatch.dashboards.history import history_section_html
 from agentbatch.dashboards.summary import BatchSummary, summary_from_analysis
 from agentbatch.db.store import Store
 
@@ -64,11 +65,12 @@ def write_report(store: Store, batch_ids: list[int], out_dir: Path) -> Path:
     Returns the path of index.html. Raises frames.UnknownBatch for an unknown id."""
     if not batch_ids:
         raise ValueError("write_report needs at least one batch id")
-    return write_report_for([BatchAnalysis(load_batch(store, b)) for b in batch_ids], out_dir)
+    return write_report_for([BatchAnalysis(load_batch(store, b)) for b in batch_ids], out_dir, store=store)
 
 
-def write_report_for(analyses: list[BatchAnalysis], out_dir: Path) -> Path:
-    """write_report over batches already loaded (the first is the main one)."""
+def write_report_for(analyses: list[BatchAnalysis], out_dir: Path, store: Store | None = None) -> Path:
+    """write_report over batches already loaded (the first is the main one); with the store, also the
+    history of the main batch's suite."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     main = analyses[0]
@@ -101,6 +103,8 @@ def write_report_for(analyses: list[BatchAnalysis], out_dir: Path) -> Path:
         row.columns = [f"batch {main.data.batch_id}"]
         parts.append("<h2>Figures</h2>" + _table(row))
 
+    if store is not None:  # score and makespan over the runs of the suite (dashboards/history.py)
+        parts.append(history_section_html(store, main.data.batch_id))
     parts.append("<h2>Tail and latency</h2>")
     parts.append(_chart(charts_html.completion(analyses), "chart-completion"))
     parts.append(_chart(charts_html.latency_cdf(analyses), "chart-latency"))

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts
 from agentbatch.dashboards.report import write_report
+from agentbatch.db.history import suite_priors
 from agentbatch.db.models import BatchStatus, SampleStatus
 from agentbatch.db.store import Store
 from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
@@ -114,7 +115,9 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
                  abandoned)
     todo = store.samples(batch_id, statuses=[SampleStatus.PENDING, SampleStatus.RUNNING])
     total = len(store.samples(batch_id))
-    priors = store.prior_chain_lengths([s.task_id for s in todo], exclude_batch_id=batch_id)
+    # The suite's earlier runs (else other batches of the same task ids), recorded with the batch so
+    # that its summary says where they came from (db/history.py).
+    priors = suite_priors(store, batch_id, [s.task_id for s in todo]).lengths
     if config.scheduling.admission_order == "longest_prior_first" and priors:
         # Samples queue for admission in the order they start (FIFO): longest expected chain first
         # (LPT), the makespan-friendly order when earlier batches say how long each task runs.
