@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from plain_openai_harness import EnvStep, Message, Policy
+
 from agentbatch.db.store import Store
 from agentbatch.engines.scripted import ScriptedEngine, ground_truth_lookup
 from agentbatch.engines.sim_server import running_sim_server
@@ -20,7 +22,6 @@ from agentbatch.gateway.forward import WorkerEndpoint
 from agentbatch.gateway.server import Gateway, GatewayBatch, RunningGateway, running_gateway
 from agentbatch.protocols.engine import ChatRequest
 from agentbatch.protocols.environment import TaskSpec
-from tests.gateway.harness import EnvStep, Message, Policy
 
 MODEL = "tiny-cpu"
 
