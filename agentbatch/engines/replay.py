@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field, model_validator
+
+from agentbatch.engines.builtin import MAX_WORKERS, Endpoints, TimingParams
 from agentbatch.engines.timing import TimingModel, make_timing, timed_completion
 from agentbatch.environments.recorded import RecordedWorkload
 from agentbatch.protocols.engine import ChatRequest, ChatResult, Engine
+from agentbatch.protocols.plugins import PluginParams
 from agentbatch.traces.conversation import assistant_message
 from agentbatch.traces.schema import TraceStep
 
@@ -74,20 +78,36 @@ class ReplayEngine:
             await self.timing.aclose()
 
 
+class ReplayParams(PluginParams):
+    inner: Literal["openai", "timing"] | None = Field(
+        None, description="openai (default when endpoints are given) or timing (no server)")
+    endpoints: Endpoints | None = Field(None, description="as for the openai engine")
+    timeout_s: float = Field(600.0, gt=0, le=86400)
+    timing: TimingParams | None = None
+    workers: int = Field(1, ge=1, le=MAX_WORKERS, description="workers of the timing model")
+
+    @model_validator(mode="after")
+    def _inner(self) -> ReplayParams:
+        if self.inner is None:
+            self.inner = "openai" if self.endpoints is not None else "timing"
+        if self.inner == "openai" and not self.endpoints:
+            raise ValueError("inner 'openai' needs endpoints")
+        if self.inner == "timing" and self.endpoints is not None:
+            raise ValueError("endpoints are for inner 'openai'")
+        return self
+
+
 def build_replay_workers(params: dict[str, Any], workload: Any) -> list[ReplayEngine]:
     if not isinstance(workload, RecordedWorkload):
         raise ValueError("engine kind 'replay' needs workload kind 'recorded' (it replays that trace)")
-    params = dict(params)
-    inner_kind = params.pop("inner", "openai" if "endpoints" in params else "timing")
-    if inner_kind == "openai":
+    p = ReplayParams.model_validate(params)
+    if p.inner == "openai":
         from agentbatch.engines.openai_http import build_openai_workers
 
-        inner = build_openai_workers(params, workload)
+        inner = build_openai_workers(p.model_dump(include={"endpoints", "timeout_s"}), workload)
         return [ReplayEngine(e.name, workload, inner=e) for e in inner]
-    if inner_kind == "timing":
-        workers = int(params.pop("workers", 1))
-        timing = params.pop("timing", None)
-        if params:
-            raise ValueError(f"engine.params: unknown keys for the replay engine: {sorted(params)}")
-        return [ReplayEngine(f"replay-{i}", workload, timing=make_timing(timing)) for i in range(workers)]
-    raise ValueError(f"engine.params.inner: expected 'openai' or 'timing', got {inner_kind!r}")
+    timing = p.timing.model_dump() if p.timing else None
+    return [ReplayEngine(f"replay-{i}", workload, timing=make_timing(timing)) for i in range(p.workers)]
+
+
+build_replay_workers.Params = ReplayParams  # type: ignore[attr-defined]

@@ -13,9 +13,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import Field
+
+from agentbatch.engines.builtin import MAX_WORKERS, TimingParams
 from agentbatch.engines.timing import TimingModel, make_timing, timed_completion
 from agentbatch.protocols.engine import ChatRequest, ChatResult, Message
 from agentbatch.protocols.environment import GroundTruthSource, GroundTruthTurn, TaskSpec, ground_truth_turns
+from agentbatch.protocols.plugins import PluginParams
 from agentbatch.protocols.tokens import count_tokens, render_message
 
 GroundTruth = list[GroundTruthTurn]  # per user turn, the calls {"name", "arguments"} and the final text
@@ -103,16 +107,22 @@ def ground_truth_lookup(workload: Any) -> Callable[[str], GroundTruth]:
     return lookup
 
 
+class ScriptedParams(PluginParams):
+    workers: int = Field(1, ge=1, le=MAX_WORKERS, description="engine workers")
+    timing: TimingParams | None = Field(None, description='timing model, e.g. {"kind": "simulated"}')
+    calls_per_step: int = Field(1, ge=1, le=1000, description="ground-truth calls sent per assistant turn")
+
+
 def build_scripted_workers(params: dict[str, Any], workload: Any) -> list[ScriptedEngine]:
     """params: workers (int, default 1), timing ({"kind": ..., ...}), calls_per_step (int)."""
-    params = dict(params)
-    workers = int(params.pop("workers", 1))
-    timing = params.pop("timing", None)
-    calls_per_step = int(params.pop("calls_per_step", 1))
-    if params:
-        raise ValueError(f"engine.params: unknown keys for the scripted engine: {sorted(params)}")
+    p = ScriptedParams.model_validate(params)
+    workers, calls_per_step = p.workers, p.calls_per_step
+    timing = p.timing.model_dump() if p.timing else None
     lookup = ground_truth_lookup(workload)
     return [
         ScriptedEngine(f"scripted-{i}", lookup, make_timing(timing), calls_per_step=calls_per_step)
         for i in range(workers)
     ]
+
+
+build_scripted_workers.Params = ScriptedParams  # type: ignore[attr-defined]

@@ -17,7 +17,9 @@ import random
 import re
 import uuid
 from functools import cache
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from agentbatch.protocols.engine import Message, ToolSchema
 from agentbatch.protocols.environment import (
@@ -28,6 +30,7 @@ from agentbatch.protocols.environment import (
     RestoreMode,
     TaskSpec,
 )
+from agentbatch.protocols.plugins import PluginParams
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 FORBIDDEN_CALLS = {"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"}  # as bfcl's executor
@@ -233,10 +236,18 @@ class BfclEnvironment:
         self._methods.clear()
 
 
+class BfclParams(PluginParams):
+    categories: list[Literal[CATEGORIES]] | None = Field(None, description="default: all four")  # type: ignore[valid-type]
+    limit: int | None = Field(None, ge=1, description="first N tasks (after the shuffle)")
+    seed: int | None = Field(None, description="shuffle the tasks with this seed")
+    task_ids: list[str] | None = Field(None, min_length=1, description="these tasks instead")
+
+
 class BfclWorkload:
     """The BFCL multi-turn tasks as a workload. Params: categories, limit, seed, task_ids."""
 
     name = "bfcl"
+    Params = BfclParams
 
     def __init__(
         self,

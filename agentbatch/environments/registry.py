@@ -1,17 +1,22 @@
-"""Workloads by name: a batch config's `workload.kind` picks an `EnvironmentFactory`.
+"""Workloads by kind: a batch config's `workload.kind` picks an `EnvironmentFactory`.
 
-Entries are "module:callable" paths, imported only when used, so a BFCL batch does not import the
-Docker or MCP SDKs. The callable takes the config's `workload.params` as keyword arguments.
+A kind is a registered name (an entry point of the group `agentbatch.workloads`; the built-in ones
+are registered in agentbatch's own `pyproject.toml`) or `"package.module:Object"`; see
+`agentbatch.protocols.plugins` and docs/plugins.md. Targets are imported only when used, so a BFCL
+batch does not import the Docker or MCP SDKs. The factory is called with the config's
+`workload.params` (checked against its parameter model) as keyword arguments.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
 from agentbatch.protocols.environment import EnvironmentFactory
+from agentbatch.protocols.plugins import Plugin, resolve
 
+# The built-in kinds, also declared as entry points in pyproject.toml; this table serves a source
+# tree whose package metadata was never installed.
 WORKLOADS: dict[str, str] = {
     "bfcl": "agentbatch.environments.bfcl:BfclWorkload",
     "bash_tasks": "agentbatch.environments.bash_tasks.workload:BashTasksWorkload",
@@ -20,16 +25,23 @@ WORKLOADS: dict[str, str] = {
 }
 
 
+def workload_plugin(kind: str) -> Plugin:
+    """The workload plugin a kind names (raises PluginError, a ValueError)."""
+    return resolve("workload", kind, WORKLOADS)
+
+
 def make_workload(kind: str, params: dict[str, Any], batch_id: int | None = None) -> EnvironmentFactory:
     """Build the workload. Factories that take a `batch_label` (to label and later clean up the
     sandboxes of a batch, also after a crash) get a stable one derived from the batch id."""
+    plugin = workload_plugin(kind)
+    kwargs = plugin.validate(params)
+    if batch_id is not None and _accepts(plugin.obj, "batch_label"):
+        kwargs.setdefault("batch_label", f"batch-{batch_id}")
+    return plugin.obj(**kwargs)
+
+
+def _accepts(factory: Any, name: str) -> bool:
     try:
-        path = WORKLOADS[kind]
-    except KeyError:
-        raise ValueError(f"unknown workload kind {kind!r}; expected one of {sorted(WORKLOADS)}") from None
-    module, _, attr = path.partition(":")
-    factory = getattr(importlib.import_module(module), attr)
-    params = dict(params)
-    if batch_id is not None and "batch_label" in inspect.signature(factory).parameters:
-        params.setdefault("batch_label", f"batch-{batch_id}")
-    return factory(**params)
+        return name in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False

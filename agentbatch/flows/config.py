@@ -1,49 +1,80 @@
-"""Batch configuration: a YAML or TOML file validated with pydantic.
+"""Batch configuration: a YAML or TOML file validated whole, in one pass, before anything is written.
 
-A bad file is reported with the file name, the path of the offending field and what was expected,
-before anything is written to the store.
+The schema (`BatchConfig`) is strict: an unknown key, a wrong type (`true` for an integer, "3" for a
+number), a number out of range or not finite, an empty file are refused. The kinds it names — the
+workload, the engine and the four scheduling policies — are resolved through the plugin resolver
+(`agentbatch.protocols.plugins`: a registered name, an entry point, or "package.module:Object") and
+their `params` checked against each plugin's parameter model. Every problem is reported with the
+file and the dotted path of the field (`workload.params.limit`), as `ConfigError`.
 """
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from agentbatch.protocols.plugins import Plugin, PluginError, resolve
 from agentbatch.scheduling.defaults import DEFAULTS
+
+MAX_NAME_LENGTH = 200  # the store's name columns (PostgreSQL VARCHAR(200))
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+SKIP_PLUGINS = "skip_plugins"  # validation context key: schema only (the plugins are checked after)
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _printable(value: str) -> str:
+    if any(not ch.isprintable() for ch in value):
+        raise ValueError("must not contain control characters")
+    return value
 
 
 class WorkloadConfig(_Strict):
-    kind: str = Field("bfcl", description="workload name (see agentbatch.environments.registry)")
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the workload")
+    kind: str = Field("bfcl", min_length=1, max_length=MAX_NAME_LENGTH,
+                      description="workload: a registered name (bfcl, bash_tasks, mcp, recorded, or an installed "
+                      "plugin's entry point) or 'package.module:Object'; see docs/plugins.md")
+    params: dict[str, Any] = Field(default_factory=dict,
+                                   description="the workload's parameters (checked against its parameter model)")
 
 
 class EngineConfig(_Strict):
-    kind: str = Field("scripted", description="engine name (see agentbatch.engines.registry)")
+    kind: str = Field("scripted", min_length=1, max_length=MAX_NAME_LENGTH,
+                      description="engine: scripted, openai, replay, an installed plugin's entry point, or "
+                      "'package.module:Object'")
     params: dict[str, Any] = Field(
         default_factory=dict,
-        description="keyword arguments of the engine factory, e.g. workers, timing, endpoints",
+        description="the engine's parameters, e.g. workers, timing, endpoints (checked against its model)",
     )
 
 
 class PolicyRef(_Strict):
-    name: str = "fifo"
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field("fifo", min_length=1, max_length=MAX_NAME_LENGTH,
+                      description="a registered policy name or 'package.module:Object'")
+    params: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters")
 
 
 class SchedulingConfig(_Strict):
     # Every default comes from agentbatch.scheduling.defaults (shared with `replay` and virtual time).
-    max_active_samples: int = Field(DEFAULTS.max_active_samples, ge=1,
+    max_active_samples: int = Field(DEFAULTS.max_active_samples, ge=1, le=1_000_000,
                                     description="samples admitted at once (reference concurrency)")
-    env_slots: int = Field(DEFAULTS.env_slots, ge=1, description="environment actions running at once")
-    per_worker_inflight: int = Field(DEFAULTS.per_worker_inflight, ge=1,
+    env_slots: int = Field(DEFAULTS.env_slots, ge=1, le=1_000_000, description="environment actions running at once")
+    per_worker_inflight: int = Field(DEFAULTS.per_worker_inflight, ge=1, le=1_000_000,
                                      description="inference requests in flight per engine worker")
     coupled: bool = Field(DEFAULTS.coupled, description="baseline: a sample holds an environment slot while admitted")
     admission_order: Literal["arrival", "longest_prior_first"] = Field(
@@ -69,26 +100,33 @@ class SchedulingConfig(_Strict):
 
 
 class LimitsConfig(_Strict):
-    max_steps: int = Field(80, ge=2, description="steps (inference + environment) per sample at most")
-    step_timeout_s: float = Field(600.0, gt=0, description="an environment step taking longer fails")
+    max_steps: int = Field(80, ge=2, le=1_000_000, description="steps (inference + environment) per sample at most")
+    step_timeout_s: float = Field(600.0, gt=0, le=7 * 86400, description="an environment step taking longer fails")
 
 
 class RetryConfig(_Strict):
-    environment: int = Field(2, ge=0, description="retries of an environment step after an infrastructure error")
-    inference: int = Field(2, ge=0, description="retries of an inference step after an engine error")
-    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
+    environment: int = Field(2, ge=0, le=100, description="retries of an environment step after an infrastructure error")
+    inference: int = Field(2, ge=0, le=100, description="retries of an inference step after an engine error")
+    backoff_s: float = Field(0.5, ge=0, le=3600, description="first retry delay; doubles each retry")
 
 
 class ExecutionConfig(_Strict):
-    mode: Literal["steps", "lean"] = Field(
-        "steps",
-        description="steps: one Prefect task per step; lean: one Prefect task per sample chain "
-        "(steps still recorded in the store), for huge batches",
+    mode: Literal["chains", "steps", "lean"] = Field(
+        "chains",
+        description="chains: one Prefect task per sample chain, every step listed in batched Prefect "
+        "events (off the critical path; see docs/scale-out.md); steps: one Prefect task per step (the "
+        "Prefect server records ~20-25 a second, which caps the batch); lean: one Prefect task per "
+        "sample chain, steps only in the store",
     )
 
 
+POLICY_FIELDS: dict[str, str] = {  # scheduling field -> policy role
+    "env_queue": "queue", "inference_queue": "queue", "router": "router", "priority": "priority",
+}
+
+
 class BatchConfig(_Strict):
-    name: str = "batch"
+    name: str = Field("batch", min_length=1, max_length=MAX_NAME_LENGTH, description="the batch's name")
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
@@ -96,58 +134,157 @@ class BatchConfig(_Strict):
     retries: RetryConfig = Field(default_factory=RetryConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
 
-    @model_validator(mode="after")
-    def _check_policies(self) -> BatchConfig:
-        # Fail at load time, not mid-batch, on unknown policy or component names.
-        from agentbatch.engines.registry import ENGINES
-        from agentbatch.environments.registry import WORKLOADS
-        from agentbatch.scheduling import registry
+    _check_name = field_validator("name")(classmethod(lambda cls, v: _printable(v)))
 
-        checks = [
-            ("workload.kind", self.workload.kind, WORKLOADS),
-            ("engine.kind", self.engine.kind, ENGINES),
-            ("scheduling.env_queue.name", self.scheduling.env_queue.name, registry.QUEUE_POLICIES),
-            ("scheduling.inference_queue.name", self.scheduling.inference_queue.name, registry.QUEUE_POLICIES),
-            ("scheduling.router.name", self.scheduling.router.name, registry.ROUTERS),
-            ("scheduling.priority.name", self.scheduling.priority.name, registry.PRIORITIES),
-        ]
-        for field, value, table in checks:
-            if value not in table:
-                raise ValueError(f"{field}: unknown name {value!r}; expected one of {sorted(table)}")
+    @model_validator(mode="after")
+    def _check_plugins(self, info: ValidationInfo) -> BatchConfig:
+        # Built in code (the Python API, resume): fail at once, not mid-batch, naming the field.
+        if not (info.context or {}).get(SKIP_PLUGINS):
+            issues = check_plugins(self)
+            if issues:
+                raise ValueError("; ".join(i.line() for i in issues))
         return self
+
+    def workload_plugin(self) -> Plugin:
+        from agentbatch.environments.registry import workload_plugin
+
+        return workload_plugin(self.workload.kind)
+
+    def engine_plugin(self) -> Plugin:
+        from agentbatch.engines.registry import engine_plugin
+
+        return engine_plugin(self.engine.kind)
+
+    def policy(self, field: str) -> tuple[Any, dict[str, Any]]:
+        """(the policy's class or factory, its checked params) for a scheduling field, e.g. "router"."""
+        ref: PolicyRef = getattr(self.scheduling, field)
+        plugin = policy_plugin(POLICY_FIELDS[field], ref.name)
+        return plugin.obj, plugin.validate(ref.params)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigIssue:
+    """One problem: the dotted path of the field ("workload.params.limit"), what is wrong, the value."""
+
+    field: str
+    message: str
+    value: Any = None
+    has_value: bool = False
+
+    def line(self) -> str:
+        got = f" (got {_short(self.value)})" if self.has_value else ""
+        return f"{self.field or '(top level)'}: {self.message}{got}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file and the field."""
+    """A config that cannot be used; the message names the file and every field at fault."""
+
+    def __init__(self, message: str, issues: list[ConfigIssue] | None = None) -> None:
+        super().__init__(message)
+        self.issues = issues or []
 
 
-def _format_validation(path: Path, err: ValidationError) -> str:
-    lines = [f"{path}: invalid batch config ({err.error_count()} problem(s))"]
+def policy_plugin(role: str, name: str) -> Plugin:
+    """A scheduling policy by name, checked to be of the role's base class (queue, router, priority)."""
+    from agentbatch.scheduling.registry import BUILTIN_POLICIES, ROLES
+
+    plugin = resolve("policy", name, BUILTIN_POLICIES)
+    base = ROLES[role]
+    if isinstance(plugin.obj, type) and not issubclass(plugin.obj, base):
+        raise PluginError(f"{name!r} ({plugin.target}) is not a {role} policy (a subclass of {base.__name__})")
+    return plugin
+
+
+def _pydantic_issues(prefix: str, err: ValidationError) -> list[ConfigIssue]:
+    out = []
     for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  {where}: {e['msg']}" + (f" (got {e['input']!r})" if "input" in e and e["loc"] else ""))
-    return "\n".join(lines)
+        # Union members and validator wrappers appear in `loc` as "list[...]" / "function-after[...]".
+        parts = [str(p) for p in e["loc"] if not (isinstance(p, str) and ("[" in p or "(" in p))]
+        path = ".".join(p for p in [prefix, *parts] if p)
+        msg = e["msg"].removeprefix("Value error, ")
+        out.append(ConfigIssue(path, msg, e.get("input"), has_value=bool(e["loc"]) and "input" in e))
+    return out
+
+
+def _check_plugin(field: str, load: Any, params: Mapping[str, Any]) -> list[ConfigIssue]:
+    try:
+        plugin = load()
+    except PluginError as exc:
+        return [ConfigIssue(field, str(exc))]
+    try:
+        plugin.validate(params)
+    except ValidationError as exc:
+        return _pydantic_issues(field.rsplit(".", 1)[0] + ".params", exc)
+    except (TypeError, ValueError) as exc:
+        return [ConfigIssue(field.rsplit(".", 1)[0] + ".params", str(exc))]
+    return []
+
+
+def check_plugins(config: BatchConfig) -> list[ConfigIssue]:
+    """Resolve every kind the config names and check each one's params."""
+    issues = _check_plugin("workload.kind", config.workload_plugin, config.workload.params)
+    issues += _check_plugin("engine.kind", config.engine_plugin, config.engine.params)
+    for field, role in POLICY_FIELDS.items():
+        ref: PolicyRef = getattr(config.scheduling, field)
+        issues += _check_plugin(f"scheduling.{field}.name", lambda r=role, n=ref.name: policy_plugin(r, n), ref.params)
+    if config.engine.kind == "replay" and config.workload.kind != "recorded":
+        issues.append(ConfigIssue("engine.kind", "the replay engine needs workload kind 'recorded'"))
+    return issues
+
+
+def validate_config(data: Mapping[str, Any] | BatchConfig, source: str = "config") -> BatchConfig:
+    """The one validation pass: schema, then plugins and their params. Raises ConfigError naming
+    `source` (a file name) and every field at fault."""
+    if isinstance(data, BatchConfig):
+        data = data.model_dump(mode="json")
+    try:
+        config = BatchConfig.model_validate(dict(data), context={SKIP_PLUGINS: True})
+    except ValidationError as exc:
+        issues = _pydantic_issues("", exc)
+    else:
+        issues = check_plugins(config)
+    if issues:
+        lines = [f"{source}: invalid batch config ({len(issues)} problem(s))", *(f"  {i.line()}" for i in issues)]
+        raise ConfigError("\n".join(lines), issues)
+    return config
+
+
+def read_config_data(path: Path) -> dict[str, Any]:
+    """The mapping in a config file; ConfigError for a missing, binary, empty or unparsable file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such file", [ConfigIssue("", "no such file")])
+    if path.suffix not in (".toml", ".yaml", ".yml", ".json"):
+        raise ConfigError(f"{path}: unknown config format {path.suffix!r}; expected .yaml, .yml, .json or .toml")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: {len(raw)} bytes; a config is at most {MAX_CONFIG_BYTES} bytes")
+    try:
+        if b"\x00" in raw:
+            raise UnicodeDecodeError("utf-8", raw, raw.index(b"\x00"), raw.index(b"\x00") + 1, "NUL byte")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}); expected YAML or TOML") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    if data is None or data == {}:
+        raise ConfigError(f"{path}: the config is empty; give at least a name and a workload (see docs/config.md)",
+                          [ConfigIssue("", "empty config")])
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of settings, got {type(data).__name__}")
+    return data
 
 
 def load_config(path: str | Path) -> BatchConfig:
+    """Read and validate a batch config file (see `validate_config`)."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    text = path.read_text()
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml", ".json"):
-            data = yaml.safe_load(text)
-        else:
-            raise ConfigError(f"{path}: unknown config format {path.suffix!r}; expected .yaml, .yml, .json or .toml")
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot parse: {exc}") from exc
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of settings, got {type(data).__name__}")
-    try:
-        return BatchConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation(path, exc)) from exc
+    return validate_config(read_config_data(path), source=str(path))

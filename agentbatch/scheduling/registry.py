@@ -76,9 +76,9 @@ def make_priority(name: Factory, **params: Any) -> PriorityPolicy:
 
 @dataclass(frozen=True)
 class PolicyChoice:
-    """A policy by registry name with its keyword arguments."""
+    """A policy by registry name (or its class, resolved as a plugin) with its keyword arguments."""
 
-    name: str
+    name: Factory
     params: dict[str, Any] = field(default_factory=dict)
 
 

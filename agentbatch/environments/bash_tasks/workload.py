@@ -12,10 +12,13 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import Field
+
 from agentbatch.environments.bash_tasks import catalog
 from agentbatch.environments.docker_env import DockerEnvironment
 from agentbatch.environments.docker_pool import DockerPool, Sandbox, SandboxSettings
 from agentbatch.protocols.environment import TaskSpec
+from agentbatch.protocols.plugins import PluginParams
 
 REPO_DIR = "repo"
 
@@ -50,6 +53,19 @@ class BashTaskEnvironment(DockerEnvironment):
         }
 
 
+class BashTasksParams(PluginParams):
+    tasks: list[str] | None = Field(None, min_length=1, description="task ids (default: all shipped)")
+    repeats: int = Field(1, ge=1, le=100_000, description="samples per task")
+    image: str | None = Field(None, min_length=1)
+    hosts: list[str | None] | None = Field(None, min_length=1, description="Docker hosts (None: local)")
+    max_containers: int | None = Field(None, ge=1)
+    max_exec: int | None = Field(None, ge=1)
+    sandbox: dict[str, Any] | None = None
+    command_timeout_s: float = Field(60.0, gt=0, le=86400)
+    step_timeout_s: float | None = Field(300.0, gt=0, le=86400)
+    batch_label: str | None = Field(None, min_length=1, max_length=100)
+
+
 class BashTasksWorkload:
     """Factory of the bash_tasks workload (`workload.params` are its keyword arguments).
 
@@ -62,6 +78,7 @@ class BashTasksWorkload:
     """
 
     name = "bash_tasks"
+    Params = BashTasksParams
 
     def __init__(
         self,

@@ -1,0 +1,151 @@
+"""Plugins: how a config's `kind` (a workload, an engine) or a policy's `name` becomes an object.
+
+One function, `resolve`, is used wherever a kind is read: config load, run, resume, status and
+report. A kind is one of
+
+- a registered name: an entry point of the group `agentbatch.workloads`, `agentbatch.engines` or
+  `agentbatch.policies` (agentbatch registers its built-in kinds the same way, in its own
+  `pyproject.toml`; an installed package adds its own);
+- `"package.module:Object"`: imported directly, no registration needed.
+
+Every plugin declares its parameters as a pydantic model: a `Params` attribute on the object (a
+class, or a function given the attribute), else one derived from the signature of the class's
+`__init__` (workloads, policies). `Plugin.validate(params)` checks a config's `params` against it:
+unknown keys, wrong types (`true` for an integer), non-finite numbers are refused before anything
+runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+PluginKind = Literal["workload", "engine", "policy"]
+GROUPS: dict[str, str] = {
+    "workload": "agentbatch.workloads",
+    "engine": "agentbatch.engines",
+    "policy": "agentbatch.policies",
+}
+MAX_KIND_LENGTH = 200
+
+
+class PluginParams(BaseModel):
+    """Base of a plugin's parameter model: unknown keys refused, no type coercion (`true` is not an
+    integer, "3" is not a number), no infinite or NaN numbers."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class AnyParams(BaseModel):
+    """The parameters of a plugin that declares none it can be checked against (e.g. an engine
+    factory `f(params, workload)` without a `Params` attribute): any mapping passes."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class PluginError(ValueError):
+    """A kind that cannot be resolved: unknown name, failed import, or not the right sort of object."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plugin:
+    what: PluginKind
+    kind: str  # as written in the config
+    target: str  # "module:Object" it resolved to
+    obj: Any  # the class or factory function
+
+    @property
+    def params_model(self) -> type[BaseModel]:
+        return params_model(self.obj, self.what)
+
+    def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The params, checked against the plugin's model (pydantic ValidationError if wrong); only
+        the keys given are returned, so the plugin's own defaults apply to the rest."""
+        model = self.params_model.model_validate(dict(params))
+        return model.model_dump(exclude_unset=True) if type(model).model_fields else dict(params)
+
+
+def registered(what: PluginKind) -> dict[str, str]:
+    """Registered names of a plugin kind and the "module:Object" each points to (entry points)."""
+    return {ep.name: ep.value for ep in entry_points(group=GROUPS[what])}
+
+
+def resolve(what: PluginKind, kind: str, builtins: Mapping[str, str] | None = None) -> Plugin:
+    """The plugin a `kind` names. `builtins`: names known without installed metadata (agentbatch's
+    own, for a source tree that was never `pip install`ed); entry points of the same name win."""
+    if not isinstance(kind, str) or not kind.strip():
+        raise PluginError(f"expected a {what} name or 'package.module:Object', got {kind!r}")
+    if len(kind) > MAX_KIND_LENGTH:
+        raise PluginError(f"{what} kind is {len(kind)} characters long; at most {MAX_KIND_LENGTH}")
+    names = {**dict(builtins or {}), **registered(what)}
+    if kind in names:
+        target = names[kind]
+    elif ":" in kind:
+        target = kind
+    else:
+        raise PluginError(
+            f"unknown {what} {kind!r}; expected a registered name ({', '.join(sorted(names))}), an entry "
+            f"point of the group {GROUPS[what]!r}, or 'package.module:Object'"
+        )
+    return Plugin(what, kind, target, load_target(target))
+
+
+def load_target(target: str) -> Any:
+    """Import "package.module:Object" (Object may be dotted: "module:Class.factory")."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise PluginError(f"{target!r}: expected 'package.module:Object'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PluginError(f"{target!r}: cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise PluginError(f"{target!r}: module {module_name!r} has no {attr!r}") from None
+    if not callable(obj):
+        raise PluginError(f"{target!r} is a {type(obj).__name__}, not a class or function")
+    return obj
+
+
+@cache
+def params_model(obj: Any, what: str = "workload") -> type[BaseModel]:
+    """The plugin's declared `Params` model, else one built from its signature."""
+    declared = getattr(obj, "Params", None)
+    if isinstance(declared, type) and issubclass(declared, BaseModel):
+        return declared
+    if what == "engine":  # a factory f(params, workload): nothing to derive from
+        return AnyParams
+    return _signature_model(obj)
+
+
+def _signature_model(obj: Callable[..., Any]) -> type[BaseModel]:
+    func = obj.__init__ if inspect.isclass(obj) else obj
+    try:
+        sig = inspect.signature(func)
+        hints = typing.get_type_hints(func)
+    except (TypeError, ValueError, NameError):
+        return AnyParams
+    fields: dict[str, Any] = {}
+    extra: Literal["forbid", "allow"] = "forbid"
+    for i, (name, p) in enumerate(sig.parameters.items()):
+        if i == 0 and inspect.isclass(obj) and name == "self":
+            continue
+        if p.kind is p.VAR_KEYWORD:
+            extra = "allow"
+            continue
+        if p.kind is p.VAR_POSITIONAL or name.startswith("_"):
+            continue
+        default = ... if p.default is p.empty else p.default
+        fields[name] = (hints.get(name, Any), default)
+    config = ConfigDict(extra=extra, strict=True, allow_inf_nan=False, arbitrary_types_allowed=True)
+    return create_model(f"{getattr(obj, '__name__', 'Plugin')}Params", __config__=config, **fields)
