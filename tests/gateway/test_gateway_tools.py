@@ -1,0 +1,119 @@
+"""The MCP tool gateway: an MCP client (streamable HTTP) calls tools of real upstream MCP servers (the
+project's BFCL server, and the probe server's slow `sleep`) through the environment-slot gate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import httpx
+from gateway_helpers import gateway_config, serve_gateway, sim_workers
+from mcp import Client
+from test_gateway_bfcl import max_overlap
+
+from agentbatch.db.store import Store
+from agentbatch.environments.mcp_client import McpServerSpec
+
+UPSTREAMS = [
+    McpServerSpec(name="bfcl", command=sys.executable,
+                  args=["-m", "agentbatch.environments.mcp_servers.bfcl_server", "--classes", "MathAPI"]),
+    McpServerSpec(name="probe", command=sys.executable,
+                  args=["-m", "agentbatch.environments.mcp_servers.probe_server"]),
+]
+
+
+def meta(sample: str) -> dict:
+    return {"agentbatch/sample": sample}
+
+
+async def wait_for(base_url: str, predicate, timeout_s: float = 60.0) -> dict:
+    """Poll the gateway's batch status until `predicate(status)` holds."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient() as http:
+        while True:
+            status = (await http.get(base_url + "/v1/batch")).json()
+            if predicate(status):
+                return status
+            assert time.monotonic() < deadline, status
+            await asyncio.sleep(0.02)
+
+
+def test_tool_calls_never_exceed_the_slots(sqlite_url):
+    store = Store(sqlite_url)
+    with sim_workers(1) as endpoints:
+        config = gateway_config(endpoints, env_slots=2, max_active_samples=16)
+        with serve_gateway(store, config, endpoints, upstreams=UPSTREAMS) as gw:
+
+            async def main() -> tuple[list, list]:
+                async with Client(gw.base_url + "/mcp") as client:
+                    names = {t.name for t in (await client.list_tools()).tools}
+                    assert {"add", "multiply", "sleep", "echo"} <= names
+                    assert not any(n.startswith("agentbatch_") for n in names)
+                    sleeps = [client.call_tool("sleep", {"seconds": 0.3, "tag": f"s{i}"}, meta=meta(f"s{i}"))
+                              for i in range(6)]
+                    adds = [client.call_tool("add", {"a": i, "b": 10}, meta=meta(f"s{i}")) for i in range(6)]
+                    results = await asyncio.gather(*sleeps, *adds)
+                    bad = await client.call_tool("divide", {"a": 1, "b": 0}, meta=meta("s0"))
+                    return results, [bad]
+
+            results, (bad,) = asyncio.run(main())
+            batch_id = gw.batch_id
+
+    sleeps, adds = results[:6], results[6:]
+    assert [json.loads(r.content[0].text)["result"] for r in adds] == [i + 10 for i in range(6)]
+    assert bad.is_error  # the upstream's own tool error comes back as it is
+    # On the upstream's side (its own clocks): never more than 2 sleeps at once, and 2 did overlap.
+    ran = [json.loads(r.content[0].text) for r in sleeps]
+    assert max_overlap([(r["start"], r["end"]) for r in ran]) == 2
+    # In the store: one environment step per call, the slot as worker, intervals within the slots.
+    steps = store.steps(batch_id)
+    assert len(steps) == 13 and {s.kind for s in steps} == {"environment"}
+    assert {s.status for s in steps} == {"completed"} and {s.worker for s in steps} <= {"env-0", "env-1"}
+    assert max_overlap([(s.started_at, s.finished_at) for s in steps]) == 2
+    assert sum(1 for s in steps if (s.response or {}).get("tool_errors")) == 1
+    assert {s.task_id for s in store.samples(batch_id)} == {f"s{i}" for i in range(6)}
+
+
+def test_the_sample_with_more_progress_gets_the_slot_first(sqlite_url):
+    """env_slots=1 is held by a slow call; then `low` (1 step done) queues a call, then `high` (4 steps
+    done, 3 of them inference requests through the inference gateway under the same sample id). When
+    the slot frees, CAAS gives it to `high` although `low` asked first."""
+    store = Store(sqlite_url)
+    with sim_workers(1) as endpoints:
+        config = gateway_config(endpoints, env_slots=1, max_active_samples=8)
+        with serve_gateway(store, config, endpoints, upstreams=UPSTREAMS) as gw:
+
+            async def main() -> None:
+                async with httpx.AsyncClient(base_url=gw.base_url, timeout=60) as http:
+                    for sample, n in (("high", 3), ("low", 1)):
+                        for i in range(n):
+                            r = await http.post("/v1/chat/completions", headers={"X-Agentbatch-Sample": sample},
+                                                json={"model": "tiny-cpu", "max_tokens": 4,
+                                                      "messages": [{"role": "user", "content": f"turn {i}"}]})
+                            assert r.status_code == 200
+                async with Client(gw.base_url + "/mcp") as client:
+                    await client.call_tool("add", {"a": 1, "b": 1}, meta=meta("high"))  # high: 4 steps
+                    holder = asyncio.create_task(client.call_tool("sleep", {"seconds": 4}, meta=meta("holder")))
+                    await wait_for(gw.base_url, lambda s: s["in_use"]["environment"] == 1)
+                    low = asyncio.create_task(client.call_tool("add", {"a": 2, "b": 2}, meta=meta("low")))
+                    await wait_for(gw.base_url, lambda s: s["waiting"]["environment"] == 1)
+                    high = asyncio.create_task(client.call_tool("add", {"a": 3, "b": 3}, meta=meta("high")))
+                    await wait_for(gw.base_url, lambda s: s["waiting"]["environment"] == 2)
+                    await asyncio.gather(holder, low, high)
+
+            asyncio.run(main())
+            batch_id = gw.batch_id
+
+    samples = {s.id: s.task_id for s in store.samples(batch_id)}
+    env = {}
+    for s in store.steps(batch_id):
+        if s.kind == "environment":
+            env.setdefault(samples[s.sample_id], []).append(s)
+    holder, low, high = env["holder"][0], env["low"][0], max(env["high"], key=lambda s: s.index)
+    # Both asked while the slot was held (so the order was the queue's choice) ...
+    assert low.enqueued_at < high.enqueued_at < holder.finished_at
+    # ... and the sample with more progress went first.
+    assert holder.finished_at <= high.started_at < low.started_at
+    assert high.index == 4 and low.index == 1  # progress counted over both gateways
