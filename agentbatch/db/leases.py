@@ -160,6 +160,12 @@ class SampleLeases:
             return s.scalar(select(Sample.lease_owner).where(Sample.id == sample_id)) == self.owner
 
     # --- others ----------------------------------------------------------------------------------
+    def claimable_count(self) -> int:
+        """How many unfinished samples a `claim` now could take (a read; claims nothing)."""
+        self._expire_dead_owners()
+        with self.store.session() as s:
+            return len(list(s.scalars(self._claimable(self.clock()))))
+
     def foreign(self) -> list[ForeignLease]:
         """Unexpired leases of other processes on unfinished samples of the batch."""
         now = self.clock()

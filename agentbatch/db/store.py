@@ -137,6 +137,18 @@ class Store:
             sample.error = error
             sample.finished_at = time.time()
 
+    def reset_failed(self, batch_id: int) -> int:
+        """Set the batch's failed samples to run again (`agentbatch retry`); their completed steps and
+        every earlier attempt stay. Returns how many."""
+        with self.session() as s, s.begin():
+            result = s.execute(
+                update(Sample)
+                .where(Sample.batch_id == batch_id, Sample.status == SampleStatus.FAILED)
+                .values(status=SampleStatus.PENDING, error=None, score=None, result=None, finished_at=None,
+                        retries=Sample.retries + 1)
+            )
+            return result.rowcount or 0
+
     def prior_chain_lengths(self, task_ids: Iterable[str], exclude_batch_id: int) -> dict[str, float]:
         """Mean recorded chain length (steps) of each task id over earlier completed samples."""
         ids = list(set(task_ids))
@@ -252,12 +264,16 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(Step).where(Step.batch_id == batch_id).order_by(Step.id)))
 
-    def abandon_running(self, batch_id: int) -> int:
-        """Mark steps left `running` by a dead process as abandoned; returns how many."""
+    def abandon_running(self, batch_id: int, sample_ids: Iterable[int] | None = None) -> int:
+        """Mark steps left `running` by a dead process as abandoned (only those of `sample_ids`, the
+        samples this process leased, when given); returns how many."""
+        where = [Step.batch_id == batch_id, Step.status == StepStatus.RUNNING]
+        if sample_ids is not None:
+            where.append(Step.sample_id.in_(list(sample_ids)))
         with self.session() as s, s.begin():
             result = s.execute(
                 update(Step)
-                .where(Step.batch_id == batch_id, Step.status == StepStatus.RUNNING)
+                .where(*where)
                 .values(status=StepStatus.ABANDONED, error="process died while the step ran")
             )
             return result.rowcount or 0

@@ -28,6 +28,7 @@ from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.engines.registry import make_engines
 from agentbatch.environments.registry import make_workload
 from agentbatch.flows.config import BatchConfig
+from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
@@ -87,13 +88,22 @@ def build_coordinator(config: BatchConfig, workers: list[str]) -> Coordinator:
 
 
 async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
-                        show_progress: bool | None = None, report_dir: Path | None = None) -> BatchOutcome:
-    """Run the pending and interrupted samples of a batch. With use_prefect=False the same chains
-    run in plain asyncio (the overhead benchmark's baseline)."""
+                        show_progress: bool | None = None, report_dir: Path | None = None,
+                        fail_on_error: str | None = None) -> BatchOutcome:
+    """Run the pending and interrupted samples of a batch that no other process drives (sample
+    leases). With use_prefect=False the same chains run in plain asyncio (the overhead benchmark's
+    baseline)."""
     row = store.get_batch(batch_id)
     if row is None:
         raise ValueError(f"no batch {batch_id} in {store.url}")
     config = BatchConfig.model_validate(row.config)
+    keeper = LeaseKeeper(store, batch_id, FailurePolicy.parse(fail_on_error))
+    todo = keeper.claim()
+    if not todo:  # finished, or every unfinished sample is driven by another process
+        idle = idle_run(keeper)
+        log.info("%s", idle.message)
+        return BatchOutcome(batch_id=batch_id, status=idle.status, samples=idle.samples,
+                            completed=idle.samples - idle.failed, failed=idle.failed, wall_s=0.0)
     workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
     engines = make_engines(config.engine.kind, config.engine.params, workload)
     coordinator = build_coordinator(config, [e.name for e in engines])
@@ -109,11 +119,10 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     for e in engines:
         store.upsert_worker(batch_id, e.name, "engine", endpoint=getattr(e, "base_url", None))
 
-    abandoned = store.abandon_running(batch_id)
+    abandoned = store.abandon_running(batch_id, [s.id for s in todo])  # only the samples leased here
     if abandoned:
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
                  abandoned)
-    todo = store.samples(batch_id, statuses=[SampleStatus.PENDING, SampleStatus.RUNNING])
     total = len(store.samples(batch_id))
     # The suite's earlier runs (else other batches of the same task ids), recorded with the batch so
     # that its summary says where they came from (db/history.py).
@@ -152,9 +161,12 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     scraper = MetricsScraper(endpoints, store=store, batch_id=batch_id) if endpoints else None
     if scraper is not None:
         coordinator.load_hook = scraper.fill_loads
+    stopped: str | None = None
     try:
-        async with scraper or contextlib.nullcontext():
-            await asyncio.gather(*(drive(s) for s in todo))
+        async with scraper or contextlib.nullcontext(), keeper:
+            await asyncio.gather(*(keeper.run(s.id, drive(s)) for s in todo))
+    except BatchStopped as exc:  # --fail-on-error: the remaining samples stay resumable
+        stopped = str(exc)
     except BaseException as exc:
         store.finish_batch(batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise
@@ -164,13 +176,13 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
             await e.aclose()
         await workload.aclose()
     failed = len(store.samples(batch_id, statuses=[SampleStatus.FAILED]))  # this run's and earlier runs'
-    store.finish_batch(batch_id, BatchStatus.COMPLETED)
+    status = finish(keeper, stopped)
     await artifact.flush()
     report_path = write_report(store, [batch_id], report_dir) if report_dir is not None else None
     if use_prefect:
         await publish_batch_artifacts(store, batch_id, report_path=report_path)
     return BatchOutcome(
-        batch_id=batch_id, status=BatchStatus.COMPLETED, samples=total,
+        batch_id=batch_id, status=status, samples=total,
         completed=total - failed, failed=failed, wall_s=time.perf_counter() - start,
         peaks=coordinator.peaks(), sticky=coordinator.sticky, moves=coordinator.moves,
         report_path=str(report_path) if report_path else None,
@@ -180,19 +192,21 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
 @flow(name="agentbatch-batch", task_runner=CoordinatedTaskRunner(), validate_parameters=False,
       persist_result=False, log_prints=False)
 async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = None,
-                     report_dir: str | None = None) -> dict[str, Any]:
+                     report_dir: str | None = None, fail_on_error: str | None = None) -> dict[str, Any]:
     store = Store(db_url)
     try:
         outcome = await execute_batch(store, batch_id, show_progress=show_progress,
-                                      report_dir=Path(report_dir) if report_dir else None)
+                                      report_dir=Path(report_dir) if report_dir else None,
+                                      fail_on_error=fail_on_error)
     finally:
         store.close()
     return outcome.__dict__
 
 
 def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None,
-             report_dir: Path | None = None) -> BatchOutcome:
-    result = asyncio.run(batch_flow(batch_id, store.url, show_progress, str(report_dir) if report_dir else None))
+             report_dir: Path | None = None, fail_on_error: str | None = None) -> BatchOutcome:
+    result = asyncio.run(batch_flow(batch_id, store.url, show_progress, str(report_dir) if report_dir else None,
+                                    fail_on_error))
     return BatchOutcome(**result)
 
 
@@ -204,7 +218,8 @@ def run_batch(config: BatchConfig, store: Store, *, show_progress: bool | None =
 
 
 def resume_batch(store: Store, batch_id: int, *, show_progress: bool | None = None,
-                 report_dir: Path | None = None) -> BatchOutcome:
+                 report_dir: Path | None = None, fail_on_error: str | None = None) -> BatchOutcome:
     if store.get_batch(batch_id) is None:
         raise ValueError(f"no batch {batch_id} in {store.url}")
-    return run_flow(store, batch_id, show_progress=show_progress, report_dir=report_dir)
+    return run_flow(store, batch_id, show_progress=show_progress, report_dir=report_dir,
+                    fail_on_error=fail_on_error)

@@ -5,23 +5,37 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentbatch.flows.commands._common import add_db_option, fail, print_outcome, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._outcome import (
+    add_fail_on_error,
+    busy_now,
+    check_fail_on_error,
+    finish_command,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "resume", help="continue an interrupted batch",
         description="Run the samples of BATCH_ID that have not finished. Completed steps are taken from the "
-        "store and not executed again; a step that was running when the process died is retried.",
+        "store and not executed again; a step that was running when the process died is retried (for "
+        "environments whose state lives elsewhere it is flagged 'may have executed' instead). Samples "
+        "another live process drives are left to it; when it drives all of them, resume exits 2. Failed "
+        "samples are not run again unless --retry-failed (or `agentbatch retry`).",
     )
     p.add_argument("batch_id", type=int)
     add_db_option(p)
+    p.add_argument("--retry-failed", action="store_true",
+                   help="also run the failed samples again (as `agentbatch retry BATCH_ID`)")
+    add_fail_on_error(p)
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    if error := check_fail_on_error(args.fail_on_error):
+        return fail(error)
     quiet_prefect_defaults()
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import resume_batch
@@ -29,6 +43,11 @@ def main(args: argparse.Namespace) -> int:
     store = Store(args.db)
     if store.get_batch(args.batch_id) is None:
         return fail(f"no batch {args.batch_id} in {store.url}")
+    if args.retry_failed:
+        n = store.reset_failed(args.batch_id)
+        print(f"batch {args.batch_id}: {n} failed sample(s) set to run again", flush=True)
+    if message := busy_now(store, args.batch_id):
+        return fail(message)
     outcome = resume_batch(store, args.batch_id, show_progress=False if args.no_progress else None,
-                           report_dir=args.report)
-    return print_outcome(store, outcome)
+                           report_dir=args.report, fail_on_error=args.fail_on_error)
+    return finish_command(store, outcome, args.fail_on_error)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from agentbatch.flows.commands._common import add_db_option, fail, print_outcome, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._outcome import add_fail_on_error, check_fail_on_error, finish_command
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", type=Path, help="batch config file (.yaml, .yml, .toml)")
     add_db_option(p)
+    add_fail_on_error(p)
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
@@ -25,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from agentbatch.flows.config import ConfigError, load_config
 
+    if error := check_fail_on_error(args.fail_on_error):
+        return fail(error)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -41,5 +45,6 @@ def main(args: argparse.Namespace) -> int:
     batch_id = create_batch(config, store, tasks)
     print(f"batch {batch_id} created in {store.url} ({len(store.samples(batch_id))} samples); "
           f"resume with: agentbatch resume {batch_id}", flush=True)
-    outcome = run_flow(store, batch_id, show_progress=False if args.no_progress else None, report_dir=args.report)
-    return print_outcome(store, outcome)
+    outcome = run_flow(store, batch_id, show_progress=False if args.no_progress else None, report_dir=args.report,
+                       fail_on_error=args.fail_on_error)
+    return finish_command(store, outcome, args.fail_on_error)

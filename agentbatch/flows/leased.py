@@ -1,0 +1,210 @@
+"""A batch run under sample leases: which samples this process drives, when it stops, how it ends.
+
+- `LeaseKeeper` claims the batch's unfinished samples nobody else drives, renews the leases while the
+  samples run, cancels a sample whose lease another process took over (it had expired), and
+  releases everything at the end. Two `resume` of one batch thus split its samples; a second one
+  that finds every unfinished sample leased to a live process does nothing (exit 2).
+- `FailurePolicy` is `--fail-on-error`: a count (stop once more than N samples failed) or a
+  fraction of the batch (stop once more than that share failed).
+- `final_status` picks completed / completed_with_failures / failed from the samples' statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from agentbatch.db.leases import ForeignLease, SampleLeases
+from agentbatch.db.models import BatchStatus, Sample, SampleStatus
+from agentbatch.db.store import Store
+
+log = logging.getLogger("agentbatch.batch")
+
+BUSY = "busy"  # BatchOutcome.status of a run that found every unfinished sample leased elsewhere
+
+
+class BatchStopped(Exception):
+    """The batch stopped early: more samples failed than `--fail-on-error` tolerates."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailurePolicy:
+    """How many failed samples a batch tolerates before it stops (None: no limit)."""
+
+    max_count: int | None = None
+    max_fraction: float | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> FailurePolicy:
+        """"5" → more than 5 failed samples stop the batch; "0.1" → more than 10 % of them; "0" → the
+        first failure. Raises ValueError with the expected form."""
+        if text is None or text == "":
+            return cls()
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"--fail-on-error: expected a count (e.g. 5) or a fraction in (0, 1), got {text!r}") \
+                from None
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"--fail-on-error: expected a count >= 0 or a fraction in (0, 1), got {text!r}")
+        if 0 < value < 1:
+            return cls(max_fraction=value)
+        if value != int(value):
+            raise ValueError(f"--fail-on-error: a count must be a whole number, got {text!r}")
+        return cls(max_count=int(value))
+
+    @property
+    def active(self) -> bool:
+        return self.max_count is not None or self.max_fraction is not None
+
+    def exceeded(self, failed: int, total: int) -> bool:
+        if self.max_count is not None:
+            return failed > self.max_count
+        if self.max_fraction is not None:
+            return failed > self.max_fraction * total
+        return False
+
+    def describe(self) -> str:
+        if self.max_count is not None:
+            return f"more than {self.max_count} sample(s) failed"
+        return f"more than {self.max_fraction:.0%} of the samples failed"
+
+
+def final_status(counts: dict[str, int], policy: FailurePolicy, stopped: bool) -> BatchStatus | None:
+    """The batch status once this process is done; None while other samples are still unfinished
+    (another process drives them and will set it)."""
+    total = sum(counts.values())
+    failed = counts.get(SampleStatus.FAILED, 0)
+    if stopped or (total and failed == total) or policy.exceeded(failed, total):
+        return BatchStatus.FAILED
+    if counts.get(SampleStatus.PENDING, 0) + counts.get(SampleStatus.RUNNING, 0):
+        return None
+    return BatchStatus.COMPLETED_WITH_FAILURES if failed else BatchStatus.COMPLETED
+
+
+def exit_code(status: str, failed: int, policy: FailurePolicy) -> int:
+    """0: every sample completed, or the failures stayed within --fail-on-error; 1: otherwise;
+    2: nothing run because another process drives the batch."""
+    if status == BUSY:
+        return 2
+    if status == BatchStatus.FAILED:
+        return 1
+    return 0 if failed == 0 or policy.active else 1
+
+
+def busy_message(batch_id: int, foreign: list[ForeignLease]) -> str:
+    owners = sorted({f.owner for f in foreign})
+    return (f"batch {batch_id} is being run by another process ({', '.join(owners)}; {len(foreign)} unfinished "
+            "sample(s) leased): nothing left to claim. Wait for it to finish, or run this again once it "
+            "stopped (its leases expire 30 s after it dies).")
+
+
+class LeaseKeeper:
+    """Claims, renews and releases the leases of one process on one batch while it runs."""
+
+    def __init__(self, store: Store, batch_id: int, policy: FailurePolicy | None = None,
+                 ttl_s: float = 30.0) -> None:
+        self.leases = SampleLeases(store, batch_id, ttl_s=ttl_s)
+        self.store = store
+        self.batch_id = batch_id
+        self.policy = policy or FailurePolicy()
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        self._lost: set[int] = set()
+        self._renewer: asyncio.Task[None] | None = None
+        self.total = 0
+
+    def claim(self) -> list[Sample]:
+        return self.leases.claim()
+
+    def foreign(self) -> list[ForeignLease]:
+        return self.leases.foreign()
+
+    async def __aenter__(self) -> LeaseKeeper:
+        self.total = len(self.store.samples(self.batch_id))
+        self._renewer = asyncio.create_task(self._renew_loop(), name="agentbatch-lease-renewal")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+        await asyncio.to_thread(self.leases.release_all)
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.leases.ttl_s / 3)
+            before = self.leases.held()
+            try:
+                still = await asyncio.to_thread(self.leases.renew)
+            except Exception as exc:  # noqa: BLE001 - a store hiccup: try again at the next tick
+                log.warning("batch %s: renewing sample leases failed: %s", self.batch_id, exc)
+                continue
+            for sample_id in before - still:
+                task = self._tasks.get(sample_id)
+                if task is not None and not task.done():
+                    log.warning("batch %s: sample %s is now driven by another process; stopping it here",
+                                self.batch_id, sample_id)
+                    self._lost.add(sample_id)
+                    task.cancel()
+
+    async def run(self, sample_id: int, coro: Coroutine[Any, Any, Any]) -> None:
+        """Drive one sample; then check --fail-on-error. A sample whose lease was lost ends quietly."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks[sample_id] = task
+        try:
+            await coro
+        except asyncio.CancelledError:
+            if sample_id in self._lost:
+                return
+            raise
+        finally:
+            self._tasks.pop(sample_id, None)
+        if self.policy.active:
+            failed = (await asyncio.to_thread(self.store.status_counts, self.batch_id)).get(SampleStatus.FAILED, 0)
+            if self.policy.exceeded(failed, self.total):
+                raise BatchStopped(f"stopped: {failed} of {self.total} samples failed "
+                                   f"(--fail-on-error: {self.policy.describe()})")
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRun:
+    """What a run that had nothing to claim reports."""
+
+    status: str
+    samples: int
+    failed: int
+    message: str = ""
+
+
+def idle_run(keeper: LeaseKeeper) -> IdleRun:
+    """Nothing to claim: another process drives the rest (busy), or the batch is finished. A finished
+    batch keeps its status, finished_at and flow run; one left `running` by a process that died
+    after its last sample gets its final status now."""
+    store, batch_id = keeper.store, keeper.batch_id
+    counts = store.status_counts(batch_id)
+    total, failed = sum(counts.values()), counts.get(SampleStatus.FAILED, 0)
+    foreign = keeper.foreign()
+    if foreign:
+        return IdleRun(BUSY, total, failed, busy_message(batch_id, foreign))
+    batch = store.get_batch(batch_id)
+    status = batch.status if batch is not None else BatchStatus.PENDING
+    if status in (BatchStatus.PENDING, BatchStatus.RUNNING):
+        status = final_status(counts, keeper.policy, stopped=False) or status
+        store.finish_batch(batch_id, BatchStatus(status))
+    return IdleRun(str(status), total, failed, f"batch {batch_id} has no unfinished sample ({status})")
+
+
+def finish(keeper: LeaseKeeper, stopped: str | None) -> str:
+    """Write the batch's final status unless other processes still drive some of its samples."""
+    status = final_status(keeper.store.status_counts(keeper.batch_id), keeper.policy, stopped is not None)
+    if status is None:
+        return BatchStatus.RUNNING
+    keeper.store.finish_batch(keeper.batch_id, status, error=stopped)
+    return status
