@@ -7,7 +7,8 @@ Each term under-estimates on purpose, so the bound stays valid whatever the engi
   emits the first token); prefill-attention FLOPs are left out.
 - inference work at full batching efficiency: per-token and per-context costs summed over every
   call, plus the fixed per-iteration cost c0 times the fewest iterations any schedule needs: tokens /
-  token budget, decode tokens / max_num_seqs (or state slots), and attended *private* context / KV
+  token budget of an iteration (max_num_batched_tokens: the per-request prefill threshold caps one
+  request's chunk, not the iteration, so it bounds only the chain term), decode tokens / max_num_seqs (or state slots), and attended *private* context / KV
   capacity (the sequences decoding in one iteration must hold their own contexts in the cache at
   once; a shared prefix is stored once, so it is left out of this term).
 """
@@ -31,9 +32,10 @@ class TraceWork:
 
 def trace_work(trace: Trace, profile: EngineProfile, env_time_scale: float = 1.0) -> TraceWork:
     c = profile.cost
-    budget = max(1, profile.max_num_batched_tokens)
+    budget = max(1, profile.max_num_batched_tokens)  # tokens of ALL requests in one iteration
+    chunk = budget  # prefill tokens of ONE request in one iteration
     if profile.long_prefill_token_threshold:
-        budget = min(budget, profile.long_prefill_token_threshold)
+        chunk = min(chunk, profile.long_prefill_token_threshold)
     seqs = profile.max_num_seqs if profile.state_slots is None else min(profile.max_num_seqs, profile.state_slots)
     kv_cap = profile.kv_capacity_tokens
     chains: list[float] = []
@@ -57,7 +59,7 @@ def trace_work(trace: Trace, profile: EngineProfile, env_time_scale: float = 1.0
             new = max(1, p - cached)
             dec = o - 1
             attended = dec * p + dec * (dec - 1) / 2
-            chunks = math.ceil(new / budget)
+            chunks = math.ceil(new / chunk)
             chain += chunks * c.c0 + c.c_prefill * new + dec * (c.c0 + c.c_decode) + c.c_attn * attended
             variable_s += c.c_prefill * new + c.c_decode * dec + c.c_attn * attended
             total_tokens += new + dec
