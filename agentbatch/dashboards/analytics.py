@@ -208,6 +208,20 @@ class BatchAnalysis:
         return float(s.mean()) if len(s) else None
 
     @cached_property
+    def host_noise(self) -> float | None:
+        """Share of sample time the recorded work does not explain: orchestration gaps plus inference
+        wall time beyond what the engine reported (queue + prefill + decode). On a loaded host both
+        grow, so two runs of one config differ by about this much (compare.py uses it)."""
+        total = sum(self.phases.values())
+        if total <= 0:
+            return None
+        inf = self.completed_steps[(self.completed_steps["kind"] == "inference")
+                                   & (self.completed_steps["prefill_s"].notna() | self.completed_steps["decode_s"].notna())]
+        reported = _nz(inf["engine_queue_s"]) + _nz(inf["prefill_s"]) + _nz(inf["decode_s"])
+        lag = float(((inf["finished_at"] - inf["started_at"]) - reported).clip(lower=0).sum())
+        return min(1.0, (self.phases["orchestration"] + lag) / total)
+
+    @cached_property
     def counts(self) -> dict[str, int]:
         return {str(k): int(v) for k, v in self.samples["status"].value_counts().items()}
 

@@ -8,8 +8,10 @@ the Prefect API are logged, not raised, for the same reason.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,16 +29,27 @@ def in_prefect_run() -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
-def progress_key(batch_id: int) -> str:
-    return f"agentbatch-batch-{batch_id}-progress"
+def store_tag(store_url: str) -> str:
+    """8 hex digits naming a store (its URL without the password): batch ids repeat across stores,
+    so Prefect artifact keys and tags carry this too."""
+    shown = re.sub(r"://([^:/@]+):[^@]*@", r"://\1@", store_url)
+    return hashlib.sha256(shown.encode()).hexdigest()[:8]
 
 
-def summary_key(batch_id: int) -> str:
-    return f"agentbatch-batch-{batch_id}-summary"
+def _key(batch_id: int, store_url: str, what: str) -> str:
+    return f"agentbatch-{store_tag(store_url)}-batch-{batch_id}-{what}"
 
 
-def report_key(batch_id: int) -> str:
-    return f"agentbatch-batch-{batch_id}-report"
+def progress_key(batch_id: int, store_url: str) -> str:
+    return _key(batch_id, store_url, "progress")
+
+
+def summary_key(batch_id: int, store_url: str) -> str:
+    return _key(batch_id, store_url, "summary")
+
+
+def report_key(batch_id: int, store_url: str) -> str:
+    return _key(batch_id, store_url, "report")
 
 
 class BatchProgressArtifact:
@@ -47,6 +60,7 @@ class BatchProgressArtifact:
         self.min_interval_s = min_interval_s
         self.artifact_id: UUID | None = None
         self.batch_id: int | None = None
+        self.store_url = ""
         self.total = 0
         self.sent = 0  # updates sent to the API (the creation not counted)
         self._last_sent = -math.inf
@@ -55,15 +69,15 @@ class BatchProgressArtifact:
     def _description(self, done: int) -> str:
         return f"agentbatch batch {self.batch_id}: {done}/{self.total} samples done"
 
-    async def start(self, batch_id: int, total: int) -> None:
-        self.batch_id, self.total = batch_id, total
+    async def start(self, batch_id: int, total: int, store_url: str = "") -> None:
+        self.batch_id, self.total, self.store_url = batch_id, total, store_url
         if not in_prefect_run():
             return
         from prefect.artifacts import acreate_progress_artifact
 
         try:
             self.artifact_id = await acreate_progress_artifact(
-                progress=0.0, key=progress_key(batch_id), description=self._description(0))
+                progress=0.0, key=progress_key(batch_id, store_url), description=self._description(0))
             self._last_sent = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - the UI must not break the batch
             log.warning("cannot create the Prefect progress artifact: %s", exc)
@@ -147,9 +161,9 @@ async def publish_batch_artifacts(store: Store, batch_id: int, report_path: Path
     try:
         summary = summarize(store, batch_id)
         rows = [{"figure": k, "value": _clean(v)} for k, v in summary.as_row().items()]
-        await acreate_table_artifact(table=rows, key=summary_key(batch_id),
+        await acreate_table_artifact(table=rows, key=summary_key(batch_id, store.url),
                                      description=f"agentbatch batch {batch_id}: figures")
-        await acreate_markdown_artifact(markdown=summary_markdown(summary, report_path), key=report_key(batch_id),
+        await acreate_markdown_artifact(markdown=summary_markdown(summary, report_path), key=report_key(batch_id, store.url),
                                         description=f"agentbatch batch {batch_id}: summary")
     except Exception as exc:  # noqa: BLE001
         log.warning("cannot publish the Prefect artifacts of batch %s: %s", batch_id, exc)

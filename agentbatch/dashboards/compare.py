@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from agentbatch.dashboards.analytics import BatchAnalysis
+from agentbatch.dashboards.sections import config_diff
 from agentbatch.dashboards.summary import BatchSummary, summary_from_analysis
 
 # Figures compared with a ratio to the first batch (lower is better for all but cache/utilisation/score).
@@ -30,25 +31,50 @@ class ScoreCheck:
     table: pd.DataFrame = field(default_factory=pd.DataFrame)  # task_id x batch: mean score
 
 
+MIN_SPREAD = 0.05  # run-to-run spread assumed even on an idle host (timer and scheduling jitter)
+
+
 @dataclass
 class Comparison:
     summaries: list[BatchSummary]
     figures: pd.DataFrame  # rows: figures; columns: "batch N" values and "ratio N" to the first
     scores: ScoreCheck
+    spread: float = MIN_SPREAD  # relative makespan difference this host's noise can explain
+    config_diff: pd.DataFrame = field(default_factory=pd.DataFrame)  # differing config fields x batches
+
+    def within_noise(self, s: BatchSummary) -> bool | None:
+        r = _ratio(s.makespan_s, self.summaries[0].makespan_s)
+        return None if r is None else abs(r - 1.0) <= self.spread
 
     def to_text(self) -> str:
         base = self.summaries[0]
         lines = [f"comparison against batch {base.batch_id} ({base.name})"]
         for s in self.summaries[1:]:
             r = _ratio(s.makespan_s, base.makespan_s)
+            noise = {True: f"within this host's run-to-run spread (+-{self.spread:.0%}): not a measured difference",
+                     False: f"beyond this host's run-to-run spread (+-{self.spread:.0%})", None: "-"}
             lines.append(f"  batch {s.batch_id} ({s.name}): makespan {_f(s.makespan_s)} s = {_f(r, 3)} x batch "
-                         f"{base.batch_id}; tail 90 % {_f(s.tail_90_s)} s vs {_f(base.tail_90_s)} s")
+                         f"{base.batch_id}; tail 90 % {_f(s.tail_90_s)} s vs {_f(base.tail_90_s)} s; "
+                         f"{noise[self.within_noise(s)]}")
+        lines.extend(self._config_lines())
         sc = self.scores
         verdict = "agree" if sc.agree else "DIFFER"
         lines.append(f"  scores {verdict} on {sc.tasks_compared} task ids"
                      + (f"; mismatched: {', '.join(sc.mismatched[:10])}" if sc.mismatched else "")
                      + (f"; missing: {', '.join(sc.missing[:10])}" if sc.missing else ""))
         return "\n".join(lines)
+
+    def _config_lines(self) -> list[str]:
+        d = self.config_diff
+        if d.empty:
+            lines = ["  config        identical (apart from the name): differences are run-to-run noise"]
+        else:
+            shown = "; ".join(f"{k}: {' vs '.join(str(v) for v in row)}" for k, row in d.head(8).iterrows())
+            lines = [f"  config        {len(d)} field(s) differ: {shown}"]
+        if d.empty or any(self.within_noise(s) for s in self.summaries[1:]):
+            lines.append("  exact         replay both configs in virtual time (no host noise): `agentbatch trace "
+                         "export ID --out t.parquet`, then `agentbatch replay t.parquet ...` (docs/replay.md)")
+        return lines
 
 
 def _f(x: float | None, digits: int = 1) -> str:
@@ -91,4 +117,6 @@ def compare(analyses: list[BatchAnalysis]) -> Comparison:
         if s is not summaries[0]:
             data[f"ratio {s.batch_id}"] = [_ratio(row.get(k), base.get(k)) for k in RATIO_FIGURES]
     figures = pd.DataFrame(data, index=list(RATIO_FIGURES))
-    return Comparison(summaries=summaries, figures=figures, scores=check_scores(analyses))
+    noise = [a.host_noise for a in analyses if a.host_noise is not None]
+    return Comparison(summaries=summaries, figures=figures, scores=check_scores(analyses),
+                      spread=max([MIN_SPREAD, *noise]), config_diff=config_diff(analyses))

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from agentbatch.dashboards.analytics import DONE_STATES
-from agentbatch.dashboards.frames import history_steps_per_task, load_batch
+from agentbatch.dashboards.frames import BatchData, history_steps_per_task, load_batch
 from agentbatch.db.store import Store
 
 
@@ -42,6 +42,7 @@ class Eta:
     basis: str  # where the chain lengths came from
     tasks_with_history: int = 0
     notes: list[str] = field(default_factory=list)
+    heartbeat_age_s: float | None = None  # seconds since the running process last beat
 
     @property
     def finish_at(self) -> float | None:
@@ -77,29 +78,28 @@ def _dur(s: float) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{s:.1f}s")
 
 
-def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
-    """Progress and ETA of a batch; raises frames.UnknownBatch for an unknown id."""
-    data = load_batch(store, batch_id)
-    now = time.time() if now is None else now
-    sm, st = data.samples, data.steps
-    counts = {str(k): int(v) for k, v in sm["status"].value_counts().items()}
-    done_mask = sm["status"].isin(DONE_STATES)
-    completed_steps = st[st["status"] == "completed"]
-    t0 = sm["admitted_at"].min()
-    elapsed = 0.0 if pd.isna(t0) else max(0.0, now - float(t0))
-    if done_mask.all() and len(sm):
-        last = float(sm["finished_at"].max()) if sm["finished_at"].notna().any() else now
-        elapsed = 0.0 if pd.isna(t0) else last - float(t0)
-    eta = Eta(batch_id=data.batch_id, name=data.name, status=data.status, total=len(sm), done=int(done_mask.sum()),
-              counts=counts, steps_done=len(completed_steps),
-              steps_retried=int(st["status"].isin(["failed", "abandoned"]).sum()),
-              steps_running=int((st["status"] == "running").sum()), elapsed_s=elapsed, remaining_steps=None,
-              step_rate=None, step_s_per_sample=None, remaining_s=None, basis="nothing yet")
-    if done_mask.all():
-        eta.remaining_steps, eta.remaining_s, eta.basis = 0.0, 0.0, "finished"
-        return eta
+STALE_AFTER_S = 60.0  # six missed beats (flows/progress.py beats every 10 s): the process is gone
 
-    left = sm[~done_mask]
+
+def crashed(status: str, heartbeat_at: float | None, now: float) -> bool:
+    """A batch marked running whose process stopped beating (killed, machine gone)."""
+    return status == "running" and heartbeat_at is not None and now - heartbeat_at > STALE_AFTER_S
+
+
+def _elapsed(sm: pd.DataFrame, now: float, finished: bool) -> float:
+    t0 = sm["admitted_at"].min()
+    if pd.isna(t0):
+        return 0.0
+    if finished and len(sm):
+        last = float(sm["finished_at"].max()) if sm["finished_at"].notna().any() else now
+        return last - float(t0)
+    return max(0.0, now - float(t0))
+
+
+def _expected_remaining(store: Store, data: BatchData, eta: Eta) -> pd.Series:
+    """Steps left per unfinished sample (at least 1), and where the chain lengths came from (eta.basis)."""
+    sm = data.samples
+    left = sm[~sm["status"].isin(DONE_STATES)]
     hist = history_steps_per_task(store, [str(t) for t in left["task_id"]], data.batch_id)
     eta.tasks_with_history = int(left["task_id"].isin(hist.index).sum())
     completed = sm[sm["status"] == "completed"]
@@ -109,8 +109,6 @@ def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
     expected = expected.fillna(batch_mean)
     unknown = expected.isna()
     expected = expected.where(~unknown, left["steps_done"] + 1)  # lower bound when nothing is known
-    remaining = np.maximum(expected - left["steps_done"], 1.0)
-    eta.remaining_steps = float(remaining.sum())
     sources = []
     if eta.tasks_with_history:
         sources.append(f"earlier batches ({eta.tasks_with_history} samples)")
@@ -119,17 +117,49 @@ def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
     if unknown.any():
         sources.append(f"a lower bound for {int(unknown.sum())} samples (no finished chain seen)")
     eta.basis = "; ".join(sources)
+    return np.maximum(expected - left["steps_done"], 1.0)
 
-    if eta.steps_done == 0 or elapsed <= 0:
-        eta.notes.append("no completed step yet: no rate to extrapolate")
-        return eta
-    eta.step_rate = eta.steps_done / elapsed
-    # Seconds per step along one chain: each sample's time to its last completed step / its steps.
+
+def _chain_step_s(sm: pd.DataFrame, completed_steps: pd.DataFrame) -> float | None:
+    """Seconds per step along one chain: each sample's time to its last completed step / its steps."""
     last_fin = completed_steps.groupby("sample_id")["finished_at"].max()
     per = sm.set_index("id").join(last_fin.rename("last_fin"), how="inner")
     per = per[per["steps_done"] > 0]
     per_step = ((per["last_fin"] - per["admitted_at"]) / per["steps_done"]).clip(lower=0)
-    eta.step_s_per_sample = float(per_step.mean()) if len(per_step) else None
+    return float(per_step.mean()) if len(per_step) else None
+
+
+def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
+    """Progress and ETA of a batch; raises frames.UnknownBatch for an unknown id."""
+    data = load_batch(store, batch_id)
+    now = time.time() if now is None else now
+    sm, st = data.samples, data.steps
+    done_mask = sm["status"].isin(DONE_STATES)
+    completed_steps = st[st["status"] == "completed"]
+    eta = Eta(batch_id=data.batch_id, name=data.name, status=data.status, total=len(sm), done=int(done_mask.sum()),
+              counts={str(k): int(v) for k, v in sm["status"].value_counts().items()},
+              steps_done=len(completed_steps),
+              steps_retried=int(st["status"].isin(["failed", "abandoned"]).sum()),
+              steps_running=int((st["status"] == "running").sum()),
+              elapsed_s=_elapsed(sm, now, bool(done_mask.all())), remaining_steps=None,
+              step_rate=None, step_s_per_sample=None, remaining_s=None, basis="nothing yet",
+              heartbeat_age_s=None if data.heartbeat_at is None else now - data.heartbeat_at)
+    if done_mask.all():
+        eta.remaining_steps, eta.remaining_s, eta.basis = 0.0, 0.0, "finished"
+        return eta
+    if crashed(data.status, data.heartbeat_at, now):
+        eta.status = "crashed"
+        eta.basis = "no ETA: the process running the batch stopped"
+        eta.notes.append(f"no heartbeat for {_dur(eta.heartbeat_age_s or 0.0)}: the process running the batch is "
+                         f"gone; continue with: agentbatch resume {batch_id}")
+        return eta
+    remaining = _expected_remaining(store, data, eta)
+    eta.remaining_steps = float(remaining.sum())
+    if eta.steps_done == 0 or eta.elapsed_s <= 0:
+        eta.notes.append("no completed step yet: no rate to extrapolate")
+        return eta
+    eta.step_rate = eta.steps_done / eta.elapsed_s
+    eta.step_s_per_sample = _chain_step_s(sm, completed_steps)
     throughput_s = eta.remaining_steps / eta.step_rate
     chain_s = float(remaining.max()) * (eta.step_s_per_sample or 0.0)
     eta.remaining_s = max(throughput_s, chain_s)

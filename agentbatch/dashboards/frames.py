@@ -16,7 +16,7 @@ from agentbatch.db.models import Sample, Step, Worker
 from agentbatch.db.store import Store
 
 SAMPLE_COLUMNS = ("id", "index", "task_id", "status", "steps_done", "score", "admitted_at", "finished_at",
-                  "last_worker")
+                  "last_worker", "error", "task_group")
 STEP_COLUMNS = ("id", "sample_id", "index", "kind", "status", "attempt", "enqueued_at", "started_at",
                 "finished_at", "worker", "prompt_tokens", "cached_prompt_tokens", "recomputed_tokens",
                 "output_tokens", "prefill_s", "decode_s", "engine_queue_s", "tool_calls")
@@ -47,6 +47,7 @@ class BatchData:
     samples: pd.DataFrame  # one row per sample
     steps: pd.DataFrame  # one row per step attempt
     workers: pd.DataFrame = field(default_factory=pd.DataFrame)  # name, kind
+    heartbeat_at: float | None = None  # last beat of the running process (flows/progress.py)
 
 
 def _normalize(samples: pd.DataFrame, steps: pd.DataFrame) -> None:
@@ -55,7 +56,7 @@ def _normalize(samples: pd.DataFrame, steps: pd.DataFrame) -> None:
         samples[col] = pd.to_numeric(samples[col], errors="coerce").astype("float64")
     for col in _FLOAT_STEP_COLUMNS + _NUMERIC_STEP_COLUMNS:
         steps[col] = pd.to_numeric(steps[col], errors="coerce").astype("float64")
-    for col in ("task_id", "status", "last_worker"):
+    for col in ("task_id", "status", "last_worker", "error", "task_group"):
         samples[col] = samples[col].astype(object)
     for col in ("kind", "status", "worker"):
         steps[col] = steps[col].astype(object)
@@ -107,6 +108,7 @@ def load_batch(store: Store, batch_id: int) -> BatchData:
         samples=samples,
         steps=steps,
         workers=workers,
+        heartbeat_at=getattr(batch, "heartbeat_at", None),
     )
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
+from sqlalchemy.exc import DBAPIError
 
-from agentbatch.dashboards import charts_html, charts_png
+from agentbatch.dashboards import charts_html, charts_png, sections
 from agentbatch.dashboards.analytics import BatchAnalysis
 from agentbatch.dashboards.compare import compare
 from agentbatch.dashboards.frames import load_batch
@@ -59,6 +60,34 @@ def _summary_json(summaries: list[BatchSummary]) -> str:
     return json.dumps([s.as_row() for s in summaries], indent=1, default=str)
 
 
+def _comparison_html(analyses: list[BatchAnalysis]) -> str:
+    cmp = compare(analyses)
+    ok = cmp.scores.agree
+    parts = ["<h2>Comparison (ratios to the first batch)</h2>",
+             '<pre id="comparison-text">' + html.escape(cmp.to_text()) + "</pre>", _table(cmp.figures)]
+    verdict = "agree" if ok else "DIFFER"
+    parts.append(f'<p class="{"good" if ok else "bad"}">Scores {verdict} per task id '
+                 f"({cmp.scores.tasks_compared} task ids; mismatched {len(cmp.scores.mismatched)}, "
+                 f"missing {len(cmp.scores.missing)}).</p>")
+    if not ok:
+        bad = cmp.scores.table.loc[cmp.scores.mismatched + cmp.scores.missing]
+        parts.append(_table(bad.head(50)))
+    return "".join(parts)
+
+
+def _figures_html(summary: BatchSummary) -> str:
+    row = pd.DataFrame([summary.as_row()]).T
+    row.columns = [f"batch {summary.batch_id}"]
+    return "<h2>Figures</h2>" + _table(row)
+
+
+def _history_html(store: Store, batch_id: int) -> str:
+    try:
+        return history_section_html(store, batch_id)
+    except DBAPIError as exc:  # e.g. a read-only store without the suite row history wants to write
+        return f"<h2>History</h2><p>Not available from this store: {html.escape(str(exc.orig))}</p>"
+
+
 def write_report(store: Store, batch_ids: list[int], out_dir: Path) -> Path:
     """Write index.html (+ PNGs and summary.json) for the first batch, compared with the others.
 
@@ -85,26 +114,11 @@ def write_report_for(analyses: list[BatchAnalysis], out_dir: Path, store: Store 
                  "each batch's first admitted sample (t0). Definitions: docs/dashboards.md.</p>")
     parts.append("<h2>Summary</h2>")
     parts.append("<pre>" + html.escape("\n\n".join(s.to_text() for s in summaries)) + "</pre>")
+    parts += [sections.hints_html(main), sections.config_html(analyses)]  # what to change; what ran
 
-    if len(analyses) > 1:
-        cmp = compare(analyses)
-        ok = cmp.scores.agree
-        parts.append("<h2>Comparison (ratios to the first batch)</h2>")
-        parts.append(_table(cmp.figures))
-        verdict = "agree" if ok else "DIFFER"
-        parts.append(f'<p class="{"good" if ok else "bad"}">Scores {verdict} per task id '
-                     f"({cmp.scores.tasks_compared} task ids; mismatched {len(cmp.scores.mismatched)}, "
-                     f"missing {len(cmp.scores.missing)}).</p>")
-        if not ok:
-            bad = cmp.scores.table.loc[cmp.scores.mismatched + cmp.scores.missing]
-            parts.append(_table(bad.head(50)))
-    else:
-        row = pd.DataFrame([summaries[0].as_row()]).T
-        row.columns = [f"batch {main.data.batch_id}"]
-        parts.append("<h2>Figures</h2>" + _table(row))
-
+    parts.append(_comparison_html(analyses) if len(analyses) > 1 else _figures_html(summaries[0]))
     if store is not None:  # score and makespan over the runs of the suite (dashboards/history.py)
-        parts.append(history_section_html(store, main.data.batch_id))
+        parts.append(_history_html(store, main.data.batch_id))
     parts.append("<h2>Tail and latency</h2>")
     parts.append(_chart(charts_html.completion(analyses), "chart-completion"))
     parts.append(_chart(charts_html.latency_cdf(analyses), "chart-latency"))
@@ -119,6 +133,7 @@ def write_report_for(analyses: list[BatchAnalysis], out_dir: Path, store: Store 
     parts.append("<h2>Critical samples (finished last) and what they waited on</h2>")
     for a in analyses:
         parts.append(f"<h3>{html.escape(charts_html.label(a))}</h3>" + _table(_critical_table(a)))
+    parts += [sections.failed_html(analyses), sections.scores_html(analyses)]
     parts.append("<h2>Per-sample timelines</h2>")
     for i, a in enumerate(analyses):
         parts.append(_chart(charts_html.gantt(a), f"chart-gantt-{i}"))

@@ -17,7 +17,6 @@ from typing import Any
 
 from prefect import flow
 from prefect.context import FlowRunContext
-from tqdm import tqdm
 
 from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts
 from agentbatch.dashboards.report import write_report
@@ -28,7 +27,9 @@ from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.engines.registry import make_engines
 from agentbatch.environments.registry import make_workload
 from agentbatch.flows.config import BatchConfig
+from agentbatch.flows.identity import named_batch_flow, sample_tags
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
+from agentbatch.flows.progress import BatchWatch
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
@@ -135,10 +136,11 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
 
-    bar = tqdm(total=total, initial=total - len(todo), desc=f"batch {batch_id}", unit="sample",
-               disable=None if show_progress is None else not show_progress)  # None: auto (tty only)
+    # The terminal bar or log lines, the store's heartbeat, logs to the flow run (flows/progress.py).
+    bar = BatchWatch.start(store, batch_id, total=total, done=total - len(todo), show_progress=show_progress,
+                           coordinator=coordinator)
     artifact = BatchProgressArtifact()  # the Prefect UI's progress bar (a no-op outside a flow run)
-    await artifact.start(batch_id, total)
+    await artifact.start(batch_id, total, store.url)
     start = time.perf_counter()
 
     async def drive(sample) -> None:  # type: ignore[no-untyped-def]
@@ -149,9 +151,11 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         if not use_prefect:
             await run_sample(batch, sample, progress, direct_executor)
         elif config.execution.mode == "lean":
-            await run_sample_lean(batch, sample, progress)
+            with sample_tags(sample):  # a filter per sample in the Prefect UI
+                await run_sample_lean(batch, sample, progress)
         else:
-            await run_sample(batch, sample, progress, prefect_step_executor)
+            with sample_tags(sample):
+                await run_sample(batch, sample, progress, prefect_step_executor)
         bar.update(1)
         await artifact.update(bar.n)
 
@@ -171,7 +175,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         store.finish_batch(batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise
     finally:
-        bar.close()
+        await bar.aclose()
         for e in engines:
             await e.aclose()
         await workload.aclose()
@@ -205,8 +209,10 @@ async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = No
 
 def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None,
              report_dir: Path | None = None, fail_on_error: str | None = None) -> BatchOutcome:
-    result = asyncio.run(batch_flow(batch_id, store.url, show_progress, str(report_dir) if report_dir else None,
-                                    fail_on_error))
+    named, tags = named_batch_flow(batch_flow, store, batch_id)  # flow run `batch-<id>-<name>`, tags
+    with tags:
+        result = asyncio.run(named(batch_id, store.url, show_progress, str(report_dir) if report_dir else None,
+                                   fail_on_error))
     return BatchOutcome(**result)
 
 

@@ -56,7 +56,7 @@ def test_progress_and_summary_artifacts_in_a_flow_run(harness, batch, tmp_path):
     @flow
     async def batch_flow() -> tuple[int, str]:
         progress = BatchProgressArtifact(min_interval_s=3600)  # throttle holds back all but the last
-        await progress.start(bid, total=10)
+        await progress.start(bid, total=10, store_url=store.url)
         for done in range(1, 11):
             await progress.update(done)
         await publish_batch_artifacts(store, bid, report)
@@ -65,17 +65,17 @@ def test_progress_and_summary_artifacts_in_a_flow_run(harness, batch, tmp_path):
     sent, run_id = asyncio.run(batch_flow())
     assert sent == 1  # 9 throttled, the last one always goes through
 
-    (art,) = asyncio.run(_read(progress_key(bid), run_id))
+    (art,) = asyncio.run(_read(progress_key(bid, store.url), run_id))
     assert art.type == "progress"
     assert float(art.data) == pytest.approx(100.0)
     assert "10/10" in art.description
     assert art.flow_run_id is not None
 
-    (table,) = asyncio.run(_read(summary_key(bid), run_id))
+    (table,) = asyncio.run(_read(summary_key(bid, store.url), run_id))
     assert table.type == "table"
     assert '"makespan_s"' in str(table.data) and "14.0" in str(table.data)
 
-    (md,) = asyncio.run(_read(report_key(bid), run_id))
+    (md,) = asyncio.run(_read(report_key(bid, store.url), run_id))
     assert md.type == "markdown"
     assert "| makespan | 14.00 s |" in md.data
     assert report.resolve().as_uri() in md.data
@@ -87,14 +87,14 @@ def test_throttle_sends_again_after_the_interval(harness, batch):
     @flow
     async def f() -> tuple[int, str]:
         progress = BatchProgressArtifact(min_interval_s=0.0)
-        await progress.start(bid, total=4)
+        await progress.start(bid, total=4, store_url=store.url)
         await progress.update(1)
         await progress.update(2)
         return progress.sent, flow_run.id
 
     sent, run_id = asyncio.run(f())
     assert sent == 2
-    (art,) = asyncio.run(_read(progress_key(bid), run_id))
+    (art,) = asyncio.run(_read(progress_key(bid, store.url), run_id))
     assert float(art.data) == pytest.approx(50.0)
 
 

@@ -4,8 +4,10 @@ report of a batch (optionally against others) and print its summary."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from agentbatch.flows.commands._common import EXIT_USAGE, add_db_option, fail
+from agentbatch.flows.commands._inputs import out_dir_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=None, help="output folder (default ./reports/batch-<id>/)")
     p.add_argument("--screenshot", action="store_true",
                    help="also save screenshot.png of the page's top (headless Chromium, when installed)")
-    p.add_argument("--db", default=None, help="store URL (default: AGENTBATCH_DB_URL or ./agentbatch.sqlite)")
+    add_db_option(p)
     p.set_defaults(func=run)
 
 
@@ -33,23 +35,29 @@ def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.compare import compare
     from agentbatch.dashboards.frames import UnknownBatch, load_batch
     from agentbatch.dashboards.report import default_out_dir, write_report_for
+    from agentbatch.dashboards.sections import hints
     from agentbatch.dashboards.summary import summary_from_analysis
-    from agentbatch.db.store import Store
+    from agentbatch.flows.commands.status import open_store_or_explain
 
-    store = Store(args.db)
+    if error := out_dir_error(args.out, "--out"):
+        return fail(f"report: {error}")
+    store = open_store_or_explain(args.db, "report")
+    if store is None:
+        return EXIT_USAGE
     try:
         ids = [args.batch_id, *args.compare]
         try:
             analyses = [BatchAnalysis(load_batch(store, b)) for b in ids]
         except UnknownBatch as exc:
-            print(f"agentbatch report: {exc}", file=sys.stderr)
-            return 2
+            return fail(f"report: {exc}")
         out = args.out or default_out_dir(args.batch_id)
         index = write_report_for(analyses, out, store=store)
         for a in analyses:
             print(summary_from_analysis(a).to_text())
         if len(analyses) > 1:
             print(compare(analyses).to_text())
+        for h in hints(analyses[0]):
+            print(f"hint: {h.finding} {h.action[:1].upper() + h.action[1:]}.")
         print(f"report: {index.resolve()}")
         print(f"charts: {', '.join(str(p) for p in sorted(index.parent.glob('*.png')))}")
         if args.screenshot:

@@ -6,6 +6,13 @@ import argparse
 from pathlib import Path
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._launch import (
+    add_progress_options,
+    follow_up,
+    progress_mode,
+    ready_prefect,
+    start_prefect,
+)
 from agentbatch.flows.commands._outcome import add_fail_on_error, check_fail_on_error, finish_command
 
 
@@ -20,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_option(p)
     add_fail_on_error(p)
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_options(p)
     p.set_defaults(func=main)
 
 
@@ -33,7 +40,9 @@ def main(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         return fail(str(exc))
+    api = start_prefect()  # before Prefect is imported; a server to start comes up meanwhile
     quiet_prefect_defaults()
+    mode = progress_mode(args)
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import create_batch, run_flow, workload_tasks
 
@@ -41,10 +50,11 @@ def main(args: argparse.Namespace) -> int:
         tasks = workload_tasks(config)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return fail(f"{args.config}: {exc}")
+    if error := ready_prefect(api, quiet=mode == "off"):
+        return fail(error, code=1)
     store = Store(args.db)
     batch_id = create_batch(config, store, tasks)
-    print(f"batch {batch_id} created in {store.url} ({len(store.samples(batch_id))} samples); "
-          f"resume with: agentbatch resume {batch_id}", flush=True)
-    outcome = run_flow(store, batch_id, show_progress=False if args.no_progress else None, report_dir=args.report,
+    print(f"batch {batch_id} created ({len(tasks)} samples)\n{follow_up(store.url, batch_id)}", flush=True)
+    outcome = run_flow(store, batch_id, show_progress=mode, report_dir=args.report,
                        fail_on_error=args.fail_on_error)
     return finish_command(store, outcome, args.fail_on_error)

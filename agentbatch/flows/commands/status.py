@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
+from typing import TYPE_CHECKING
+
+from agentbatch.flows.commands._common import EXIT_USAGE, add_db_option, fail
+
+if TYPE_CHECKING:
+    from agentbatch.db.store import Store
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,22 +22,65 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("batch_id", type=int, help="batch id")
     p.add_argument("--watch", type=float, default=None, metavar="SECONDS",
                    help="print again every SECONDS until the batch is done (Ctrl-C stops)")
-    p.add_argument("--db", default=None, help="store URL (default: AGENTBATCH_DB_URL or ./agentbatch.sqlite)")
+    add_db_option(p)
     p.set_defaults(func=run)
+
+
+def open_store_or_explain(url: str | None, command: str) -> Store | None:
+    """The store opened read-only (nothing is ever created), or None after saying why not."""
+    from agentbatch.db.engine import StoreUnavailable
+    from agentbatch.db.store import Store
+
+    try:
+        return Store(url, read_only=True)
+    except StoreUnavailable as exc:
+        fail(f"{command}: {exc}; `agentbatch run` prints the --db of the store it wrote to")
+        return None
+
+
+def mark_prefect_crashed(flow_run_id: str | None, message: str) -> str | None:
+    """Set the batch's Prefect flow run to Crashed (when a Prefect API is reachable); what happened."""
+    if not flow_run_id:
+        return None
+    from agentbatch.flows.prefect_server import choose_api
+
+    if choose_api(start=False).url is None:
+        return "Prefect flow run not updated: no Prefect server is running"
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    async def mark() -> str:
+        async with get_client() as client:
+            run = await client.read_flow_run(flow_run_id)
+            if run.state is not None and run.state.is_final():
+                return f"Prefect flow run {run.name} is {run.state.name}"
+            await client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+            return f"Prefect flow run {run.name} marked Crashed"
+
+    try:
+        return asyncio.run(mark())
+    except Exception as exc:  # noqa: BLE001 - the store is the source of truth; Prefect is a view
+        return f"Prefect flow run not updated: {exc.__class__.__name__}: {exc}"
 
 
 def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.eta import estimate_eta
     from agentbatch.dashboards.frames import UnknownBatch
-    from agentbatch.db.store import Store
 
-    store = Store(args.db)
+    store = open_store_or_explain(args.db, "status")
+    if store is None:
+        return EXIT_USAGE
     try:
         try:
             eta = estimate_eta(store, args.batch_id)
         except UnknownBatch as exc:
-            print(f"agentbatch status: {exc}", file=sys.stderr)
-            return 2
+            return fail(f"status: {exc}")
+        if eta.status == "crashed":
+            batch = store.get_batch(args.batch_id)
+            note = mark_prefect_crashed(batch.flow_run_id if batch else None, eta.notes[-1])
+            eta.notes.extend([note] if note else [])
         print(eta.to_text(), flush=True)
         while args.watch and eta.done < eta.total:
             time.sleep(args.watch)

@@ -1,0 +1,43 @@
+"""How a batch is named in Prefect: its flow run `batch-<id>-<name>`, tags that tell batches of
+different stores apart, and per-sample tags on the task runs (a filter per sample in the UI)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from agentbatch.dashboards.artifacts import store_tag
+
+
+def slug(text: str, limit: int = 60) -> str:
+    """Lowercase letters, digits and dashes (Prefect artifact keys allow no more)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:limit] or "batch"
+
+
+def flow_run_name(batch_id: int, name: str) -> str:
+    return f"batch-{batch_id}-{slug(name)}"
+
+
+def batch_tags(store_url: str, batch_id: int) -> list[str]:
+    return ["agentbatch", f"batch-{batch_id}", f"store-{store_tag(store_url)}"]
+
+
+def named_batch_flow(flow_obj: Any, store: Any, batch_id: int) -> tuple[Any, contextlib.AbstractContextManager[Any]]:
+    """The batch flow renamed for this batch, and the tags context to call it in."""
+    from prefect import tags
+
+    row = store.get_batch(batch_id)
+    name = row.name if row is not None else "batch"
+    return (flow_obj.with_options(flow_run_name=flow_run_name(batch_id, name)),
+            tags(*batch_tags(store.url, batch_id)))
+
+
+@contextlib.contextmanager
+def sample_tags(sample: Any) -> Iterator[None]:
+    """Tag the task runs of one sample's chain `sample-<index>` (no-op outside a flow run)."""
+    from prefect import tags
+
+    with tags(f"sample-{sample.index}"):
+        yield
