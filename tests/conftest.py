@@ -25,6 +25,9 @@ for _key, _value in {
     "PREFECT_LOGGING_TO_API_ENABLED": "false",
     "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    # No background Prefect server left behind by `agentbatch run` in tests (flows/prefect_server.py);
+    # tests that need a server use the prefect_api fixture, tests of the local server opt in.
+    "AGENTBATCH_PREFECT_SERVER": "ephemeral",
 }.items():
     os.environ.setdefault(_key, _value)
 
