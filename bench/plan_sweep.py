@@ -22,7 +22,7 @@ import dataclasses
 import sys
 import time
 
-from agentbatch.flows.commands.plan import concurrency_for_profile
+from agentbatch.planning import concurrency_for_profile
 from agentbatch.sim.profiles import get_profile
 from agentbatch.sim.virtual_time import VirtualConfig, simulate
 from agentbatch.traces.generators import generate, get_family
@@ -44,8 +44,9 @@ def run_case(family: str, profile_name: str, samples: int, no_prefix: bool, seed
     trace = generate(spec, samples=samples, seed=seed)
     profile = get_profile(profile_name)
     t0 = time.perf_counter()
-    n_ref, bounds = concurrency_for_profile(trace, profile)
-    n_fit, _ = concurrency_for_profile(trace, profile, allow_recompute=False)
+    pick = concurrency_for_profile(trace, profile)
+    n_ref, bounds = pick.n_ref, pick.bounds
+    n_fit = concurrency_for_profile(trace, profile, allow_recompute=False).n_ref
     plan_s = time.perf_counter() - t0
     # the family's default admission limit, capped by the batch size
     baseline = min(int(spec.capacities.get("max_active", 64)), samples)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from agentbatch.flows.commands.plan import concurrency_for_profile, workload_from_trace
+from agentbatch.planning import concurrency_for_profile, workload_from_trace
 from agentbatch.sim.profiles import get_profile
 from agentbatch.traces.generators import generate
+
+
+def _pick(*args: object, **kwargs: object) -> tuple[int, dict[str, float]]:
+    pick = concurrency_for_profile(*args, **kwargs)
+    return pick.n_ref, pick.bounds
 
 
 def test_pick_for_dense_profile_is_memory_aware() -> None:
     trace = generate("swe_like", samples=60, seed=2)
     profile = get_profile("llama3-8b-h100")
-    n, bounds = concurrency_for_profile(trace, profile)
-    strict, sb = concurrency_for_profile(trace, profile, allow_recompute=False)
+    n, bounds = _pick(trace, profile)
+    strict, sb = _pick(trace, profile, allow_recompute=False)
     wl = workload_from_trace(trace, decode_tokens_per_s=bounds["decode_tokens_per_s"], source="t")
     per_sample = wl.mean_context - wl.shared_prefix + profile.block_size / 2
     # N_mem: all admitted samples' unique KV fits the profile's KV capacity (with the spread margin)
@@ -25,10 +30,10 @@ def test_pick_for_dense_profile_is_memory_aware() -> None:
 def test_pick_for_hybrid_profile_respects_checkpoints() -> None:
     trace = generate("bfcl_like", samples=300, seed=2)
     profile = get_profile("ling-flash-2.0-h200")
-    n, bounds = concurrency_for_profile(trace, profile, allow_recompute=False)
+    n, bounds = _pick(trace, profile, allow_recompute=False)
     groups = len({s.prefix_group for s in trace.samples})
     assert n <= profile.state_checkpoints - groups  # one checkpoint per admitted sample + one per prefix
-    n2, _ = concurrency_for_profile(
+    n2, _ = _pick(
         trace, profile.replace(state_checkpoints=profile.state_checkpoints * 2), allow_recompute=False
     )
     assert n2 > n
@@ -37,6 +42,6 @@ def test_pick_for_hybrid_profile_respects_checkpoints() -> None:
 def test_workers_multiply() -> None:
     trace = generate("mcp_like", samples=100, seed=2)
     profile = get_profile("llama3-8b-h100")
-    one, _ = concurrency_for_profile(trace, profile)
-    two, _ = concurrency_for_profile(trace, profile, workers=2)
+    one, _ = _pick(trace, profile)
+    two, _ = _pick(trace, profile, workers=2)
     assert two <= 2 * one and two % 2 == 0

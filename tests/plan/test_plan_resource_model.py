@@ -89,7 +89,8 @@ def test_hybrid_one_in_eight() -> None:
     assert shape.state_bytes_per_seq == 7 * 4 * 32 * 32 * 4 == 114_688
     assert shape.token_equiv == 896
     # vLLM: 16 x ceil(16384 B state per layer / (16 x 128 B per token per layer)) = 128-token blocks
-    bs, page, _ = vllm_block_size(shape)
+    layout = vllm_block_size(shape)
+    bs, page = layout.block_size, layout.state_page_bytes
     assert (bs, page) == (128, 16384)
 
     hw = Hardware(GIB, gpu_util=1.0, reserve_bytes=0)
@@ -146,11 +147,11 @@ def test_recompute_grows_past_n_mem() -> None:
     hw = Hardware(GIB, gpu_util=1.0, reserve_bytes=0)
     wl = Workload.from_stats(4096, 6000, env_fraction=0.75, shared_prefix=1024)
     p = plan(shape, hw, wl, EngineOptions(target_running=10_000), curve_points=(0.5, 1.0, 1.5, 2.0, 4.0))
-    curve = sorted(p.recompute_curve, key=lambda c: c["concurrency"])
-    rates = [c["recompute_ratio"] for c in curve]
+    curve = sorted(p.recompute_curve, key=lambda c: c.concurrency)
+    rates = [c.recompute_ratio for c in curve]
     assert rates == sorted(rates)
     assert rates[0] == pytest.approx(64 / wl.mean_context, rel=0.01)  # tail only
-    assert curve[-1]["evicted_fraction"] > 0.5  # 4 x N_ref: most waiting samples lose their cache
+    assert curve[-1].evicted_fraction > 0.5  # 4 x N_ref: most waiting samples lose their cache
 
 
 def test_spread_lowers_concurrency() -> None:
@@ -176,14 +177,14 @@ def test_busy_batch_from_linear_cost() -> None:
         EngineOptions(cost=cost),
     )
     assert p.n_busy == 2 * 900  # B_busy = 9 x 0.01 / 0.0001 = 900, over 1 - f = 0.5
-    n, bounds = reference_concurrency(
+    pick = reference_concurrency(
         kv_capacity_tokens=100_000,
         block_size=16,
         workload=Workload(contexts=(1000.0,), env_fraction=0.5),
         cost=cost,
     )
-    assert bounds["n_mem"] == 100_000 // 1008 == 99
-    assert n == 99
+    assert pick.bounds["n_mem"] == 100_000 // 1008 == 99
+    assert pick.n_ref == 99
 
 
 def test_roofline_busy_batch_dense() -> None:
@@ -202,10 +203,10 @@ def test_roofline_busy_batch_dense() -> None:
 
 def test_reference_concurrency_state_slots() -> None:
     wl = Workload(contexts=(1000.0,), env_fraction=0.5)
-    n, bounds = reference_concurrency(
+    pick = reference_concurrency(
         kv_capacity_tokens=10**7, block_size=16, workload=wl, checkpoint_slots=64, target_running=10**4
     )
-    assert n == bounds["n_mem"] == 64  # one slot per admitted sample, states_per_running = 1
+    assert pick.n_ref == pick.bounds["n_mem"] == 64  # one slot per admitted sample, states_per_running = 1
 
 
 def test_plan_errors() -> None:
