@@ -269,7 +269,10 @@ class BfclWorkload:
         if self.task_ids:
             ids = list(self.task_ids)
             for task_id in ids:
-                entry(task_id)  # validates
+                try:
+                    entry(task_id)  # validates
+                except KeyError:
+                    raise ValueError(f"unknown BFCL task id {task_id!r}") from None
         else:
             ids = [tid for c in self.categories for tid in _entries(c)]
             if self.seed is not None:

@@ -11,6 +11,8 @@ if TYPE_CHECKING:  # imported lazily at run time: `--help` stays fast
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import BatchOutcome
 
+from agentbatch.flows.commands._inputs import db_url_arg
+
 EXIT_USAGE = 2  # bad input: config file, batch id, arguments
 
 
@@ -29,7 +31,7 @@ def quiet_prefect_defaults() -> None:
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--db", metavar="URL", default=None,
+        "--db", metavar="URL", default=None, type=db_url_arg,
         help="store URL (default: $AGENTBATCH_DB_URL, else sqlite file $AGENTBATCH_DB_PATH or ./agentbatch.sqlite)",
     )
 
