@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._inputs import writer_inputs_error
 from agentbatch.flows.commands._launch import (
     add_progress_options,
     follow_up,
@@ -40,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except ConfigError as exc:
         return fail(str(exc))
+    if error := writer_inputs_error(args.db, args.report):
+        return fail(error)
     api = start_prefect()  # before Prefect is imported; a server to start comes up meanwhile
     quiet_prefect_defaults()
     mode = progress_mode(args)
@@ -49,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
     try:  # before the store is opened: a workload that cannot run leaves nothing behind
         tasks = workload_tasks(config)
     except (ValueError, KeyError, FileNotFoundError) as exc:
-        return fail(f"{args.config}: {exc}")
+        return fail(f"{args.config}: workload.params: {exc}")
     if error := ready_prefect(api, quiet=mode == "off"):
         return fail(error, code=1)
     store = Store(args.db)
