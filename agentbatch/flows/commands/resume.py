@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._inputs import shown_url, stored_config_error, writer_inputs_error
 from agentbatch.flows.commands._outcome import (
     add_fail_on_error,
     busy_now,
@@ -36,13 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if error := check_fail_on_error(args.fail_on_error):
         return fail(error)
+    if error := writer_inputs_error(args.db, args.report, must_exist=True):
+        return fail(error)
     quiet_prefect_defaults()
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import resume_batch
 
     store = Store(args.db)
-    if store.get_batch(args.batch_id) is None:
-        return fail(f"no batch {args.batch_id} in {store.url}")
+    row = store.get_batch(args.batch_id)
+    error = f"no batch {args.batch_id} in {shown_url(store.url)}" if row is None else stored_config_error(
+        row.config, args.batch_id)
+    if error:
+        store.close()
+        return fail(error)
     if args.retry_failed:
         n = store.reset_failed(args.batch_id)
         print(f"batch {args.batch_id}: {n} failed sample(s) set to run again", flush=True)
