@@ -8,7 +8,6 @@ from pathlib import Path
 
 from agentbatch.flows.commands._common import EXIT_USAGE, add_db_option, fail
 from agentbatch.flows.commands._inputs import out_dir_error
-from agentbatch.flows.commands._inputs import out_dir_error
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,8 +39,6 @@ def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.summary import summary_from_analysis
     from agentbatch.flows.commands.status import open_store_or_explain
 
-    if error := out_dir_error(args.out, "--out"):
-        return fail(f"report: {error}")
     if error := out_dir_error(args.out, "--out"):
         return fail(f"report: {error}")
     store = open_store_or_explain(args.db, "report")
