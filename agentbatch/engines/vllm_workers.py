@@ -214,70 +214,119 @@ def _cpu_sets(count: int) -> list[str | None]:
     return sets
 
 
+_BASE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+             "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+# WorkerSettings fields passed as `FLAG VALUE` when set, in this order.
+_VALUE_FLAGS = (  # layout: table
+    ("--max-num-seqs", "max_num_seqs"),
+    ("--max-num-batched-tokens", "max_num_batched_tokens"),
+    ("--block-size", "block_size"),
+    ("--max-model-len", "max_model_len"),
+    ("--scheduling-policy", "scheduling_policy"),
+    ("--mamba-cache-mode", "mamba_cache_mode"),
+    ("--mamba-block-size", "mamba_block_size"),
+    ("--dtype", "dtype"),
+    ("--seed", "seed"),
+)
+
+
+def _base_settings(cfg: WorkersConfig) -> WorkerSettings:
+    """The config's settings, with the plan's flags filling the fields not set explicitly."""
+    if not cfg.plan:
+        return cfg.settings
+    planned = settings_from_plan(cfg.plan)
+    explicit = cfg.settings.model_fields_set
+    planned = {k: v for k, v in planned.items() if k not in explicit or k == "extra_args"}
+    if "extra_args" in planned:  # keep the config's own extra args after the plan's
+        planned["extra_args"] = planned["extra_args"] + cfg.settings.extra_args
+    return cfg.settings.merged(planned)
+
+
+def vllm_flags(s: WorkerSettings, device: str) -> list[str]:
+    """The server flags of a worker's settings (device flags and the address excepted)."""
+    argv: list[str] = []
+    eager = s.enforce_eager if s.enforce_eager is not None else device == "cpu"
+    if eager:
+        argv.append("--enforce-eager")
+    argv.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+    for flag, name in _VALUE_FLAGS:
+        value = getattr(s, name)
+        if value is not None:
+            argv += [flag, str(value)]
+    if s.prompt_tokens_details:
+        argv.append("--enable-prompt-tokens-details")
+    if not s.access_log:
+        argv.append("--disable-uvicorn-access-log")
+    if s.tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
+    return argv + s.extra_args
+
+
+def _cpu_env(s: WorkerSettings, cores: str | None) -> dict[str, str]:
+    # The engine core forks its model worker instead of spawning a fresh interpreter that
+    # re-imports torch and vLLM: ready in ~39 s instead of ~70 s on 2 cores. (Also running
+    # the engine in the API process, VLLM_ENABLE_V1_MULTIPROCESSING=0, starts in 30 s but
+    # serves ~3x slower.) settings.env can override it.
+    env = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    if s.kv_cache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(s.kv_cache_space_gib)
+    if cores:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    return env
+
+
+def _gpu_launch(cfg: WorkersConfig, i: int, spec: WorkerSpec, s: WorkerSettings) -> tuple[list[str], dict[str, str]]:
+    """(flags, environment) that place worker i on its GPUs."""
+    per = cfg.gpus_per_worker
+    devices = spec.devices or ",".join(str(d) for d in range(i * per, (i + 1) * per))
+    argv = ["--tensor-parallel-size", str(per)] if per > 1 else []
+    if s.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    return argv, {"CUDA_VISIBLE_DEVICES": devices}
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What all workers of a config share."""
+
+    device: str
+    model_arg: str
+    served: str
+    base: WorkerSettings
+    cpu_sets: list[str | None]
+
+
+def _launch_one(cfg: WorkersConfig, i: int, common: _Common) -> LaunchPlan:
+    spec = cfg.workers[i] if i < len(cfg.workers) else WorkerSpec()
+    s = common.base.merged(spec.settings) if spec.settings else common.base
+    name = spec.name or f"{cfg.name_prefix}-{i}"
+    port = spec.port or cfg.base_port + i
+    argv = [cfg.python, "-m", cfg.entrypoint, "--model", common.model_arg, "--served-model-name", common.served,
+            "--host", cfg.host, "--port", str(port)]  # fmt: skip
+    env = dict(_BASE_ENV)
+    if common.device == "cpu":
+        env.update(_cpu_env(s, spec.devices or common.cpu_sets[i]))
+    else:
+        gpu_argv, gpu_env = _gpu_launch(cfg, i, spec, s)
+        argv += gpu_argv
+        env.update(gpu_env)
+    argv += vllm_flags(s, common.device)
+    env.update(s.env)
+    return LaunchPlan(name, port, argv, env, str(Path(cfg.log_dir) / f"{name}.log"), s.model_dump())
+
+
 def plan_launch(cfg: WorkersConfig) -> list[LaunchPlan]:
     """The command line and environment of every worker."""
     device = cfg.device if cfg.device != "auto" else ("gpu" if _has_gpu() else "cpu")
     model_path = Path(cfg.model)
-    model_arg = str(model_path.resolve()) if model_path.exists() else cfg.model
-    served = cfg.served_model_name or model_path.name
-    base = cfg.settings
-    if cfg.plan:
-        planned = settings_from_plan(cfg.plan)
-        explicit = cfg.settings.model_fields_set
-        planned = {k: v for k, v in planned.items() if k not in explicit or k == "extra_args"}
-        if "extra_args" in planned:  # keep the config's own extra args after the plan's
-            planned["extra_args"] = planned["extra_args"] + cfg.settings.extra_args
-        base = base.merged(planned)
-    cpu_sets = _cpu_sets(cfg.count)
-    plans: list[LaunchPlan] = []
-    for i in range(cfg.count):
-        spec = cfg.workers[i] if i < len(cfg.workers) else WorkerSpec()
-        s = base.merged(spec.settings) if spec.settings else base
-        name = spec.name or f"{cfg.name_prefix}-{i}"
-        port = spec.port or cfg.base_port + i
-        argv = [cfg.python, "-m", cfg.entrypoint, "--model", model_arg, "--served-model-name", served,
-                "--host", cfg.host, "--port", str(port)]
-        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-               "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
-        if device == "cpu":
-            # The engine core forks its model worker instead of spawning a fresh interpreter that
-            # re-imports torch and vLLM: ready in ~39 s instead of ~70 s on 2 cores. (Also running
-            # the engine in the API process, VLLM_ENABLE_V1_MULTIPROCESSING=0, starts in 30 s but
-            # serves ~3x slower.) settings.env can override it.
-            env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-            if s.kv_cache_space_gib is not None:
-                env["VLLM_CPU_KVCACHE_SPACE"] = str(s.kv_cache_space_gib)
-            cores = spec.devices or cpu_sets[i]
-            if cores:
-                env["VLLM_CPU_OMP_THREADS_BIND"] = cores
-        else:
-            devices = spec.devices or ",".join(
-                str(d) for d in range(i * cfg.gpus_per_worker, (i + 1) * cfg.gpus_per_worker))
-            env["CUDA_VISIBLE_DEVICES"] = devices
-            if cfg.gpus_per_worker > 1:
-                argv += ["--tensor-parallel-size", str(cfg.gpus_per_worker)]
-            if s.gpu_memory_utilization is not None:
-                argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-        eager = s.enforce_eager if s.enforce_eager is not None else device == "cpu"
-        if eager:
-            argv.append("--enforce-eager")
-        argv.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
-        for flag, value in (("--max-num-seqs", s.max_num_seqs), ("--max-num-batched-tokens", s.max_num_batched_tokens),
-                            ("--block-size", s.block_size), ("--max-model-len", s.max_model_len),
-                            ("--scheduling-policy", s.scheduling_policy), ("--mamba-cache-mode", s.mamba_cache_mode),
-                            ("--mamba-block-size", s.mamba_block_size), ("--dtype", s.dtype), ("--seed", s.seed)):
-            if value is not None:
-                argv += [flag, str(value)]
-        if s.prompt_tokens_details:
-            argv.append("--enable-prompt-tokens-details")
-        if not s.access_log:
-            argv.append("--disable-uvicorn-access-log")
-        if s.tool_call_parser:
-            argv += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
-        argv += s.extra_args
-        env.update(s.env)
-        log_path = str(Path(cfg.log_dir) / f"{name}.log")
-        plans.append(LaunchPlan(name, port, argv, env, log_path, s.model_dump()))
+    common = _Common(
+        device=device,
+        model_arg=str(model_path.resolve()) if model_path.exists() else cfg.model,
+        served=cfg.served_model_name or model_path.name,
+        base=_base_settings(cfg),
+        cpu_sets=_cpu_sets(cfg.count),
+    )
+    plans = [_launch_one(cfg, i, common) for i in range(cfg.count)]
     names = [p.name for p in plans]
     ports = [p.port for p in plans]
     if len(set(names)) != len(names) or len(set(ports)) != len(ports):
@@ -314,6 +363,21 @@ def _health_url(base_url: str) -> str:
     return (root[:-3] if root.endswith("/v1") else root) + "/health"
 
 
+def _exit_code(w: WorkerProcess, procs: dict[str, subprocess.Popen[bytes]] | None) -> int | None:
+    """The worker's exit code, or None while it runs (-1: its process group is gone)."""
+    proc = (procs or {}).get(w.name)
+    if proc is not None:
+        return proc.poll()
+    return None if group_alive(w.pgid) else -1
+
+
+def _answers_health(client: httpx.Client, w: WorkerProcess) -> bool:
+    try:
+        return client.get(_health_url(w.base_url)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_healthy(workers: Sequence[WorkerProcess], timeout_s: float,
                  procs: dict[str, subprocess.Popen[bytes]] | None = None, poll_s: float = 0.5) -> dict[str, float]:
     """Block until every worker answers /health 200; returns seconds to ready per worker.
@@ -327,16 +391,12 @@ def wait_healthy(workers: Sequence[WorkerProcess], timeout_s: float,
             for w in workers:
                 if w.name in ready:
                     continue
-                proc = (procs or {}).get(w.name)
-                code = proc.poll() if proc is not None else (None if group_alive(w.pgid) else -1)
+                code = _exit_code(w, procs)
                 if code is not None:
                     raise WorkersError(f"worker {w.name} exited with code {code} before it was healthy; "
                                        f"last lines of {w.log_path}:\n{log_tail(w.log_path)}")
-                try:
-                    if client.get(_health_url(w.base_url)).status_code == 200:
-                        ready[w.name] = time.monotonic() - start
-                except httpx.HTTPError:
-                    pass
+                if _answers_health(client, w):
+                    ready[w.name] = time.monotonic() - start
             if len(ready) < len(workers):
                 if time.monotonic() - start > timeout_s:
                     late = [w for w in workers if w.name not in ready]
@@ -387,14 +447,14 @@ def _is_our_worker(w: WorkerProcess) -> bool:
     return module in args
 
 
-def stop_workers(workers: Iterable[WorkerProcess], timeout_s: float = 30.0,
-                 procs: dict[str, subprocess.Popen[bytes]] | None = None) -> dict[str, str]:
-    """SIGTERM each worker's process group, wait up to `timeout_s`, then SIGKILL what is left.
+def _reap(w: WorkerProcess, procs: dict[str, subprocess.Popen[bytes]] | None) -> None:
+    proc = (procs or {}).get(w.name)
+    if proc is not None:
+        proc.poll()  # reap our own child so it does not linger as a zombie
 
-    Returns {name: "stopped" | "killed" | "not running"}.
-    """
-    workers = list(workers)
-    result: dict[str, str] = {}
+
+def _terminate(workers: list[WorkerProcess], result: dict[str, str]) -> list[WorkerProcess]:
+    """SIGTERM every live worker group we started; returns those signalled."""
     pending = []
     for w in workers:
         if not group_alive(w.pgid) or not _is_our_worker(w):
@@ -406,17 +466,27 @@ def stop_workers(workers: Iterable[WorkerProcess], timeout_s: float = 30.0,
             result[w.name] = "not running"
             continue
         pending.append(w)
+    return pending
+
+
+def _wait_gone(pending: list[WorkerProcess], timeout_s: float, procs: dict[str, subprocess.Popen[bytes]] | None,
+               result: dict[str, str]) -> list[WorkerProcess]:
+    """Wait up to `timeout_s` for the groups to exit; returns those still alive."""
+    pending = list(pending)
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
         for w in list(pending):
-            proc = (procs or {}).get(w.name)
-            if proc is not None:
-                proc.poll()  # reap our own child so it does not linger as a zombie
+            _reap(w, procs)
             if not group_alive(w.pgid):
                 result[w.name] = "stopped"
                 pending.remove(w)
         if pending:
             time.sleep(0.2)
+    return pending
+
+
+def _kill(pending: list[WorkerProcess], procs: dict[str, subprocess.Popen[bytes]] | None,
+          result: dict[str, str]) -> None:
     for w in pending:
         try:
             os.killpg(w.pgid, signal.SIGKILL)
@@ -426,10 +496,19 @@ def stop_workers(workers: Iterable[WorkerProcess], timeout_s: float = 30.0,
     for w in pending:
         end = time.monotonic() + 10
         while group_alive(w.pgid) and time.monotonic() < end:
-            proc = (procs or {}).get(w.name)
-            if proc is not None:
-                proc.poll()
+            _reap(w, procs)
             time.sleep(0.1)
+
+
+def stop_workers(workers: Iterable[WorkerProcess], timeout_s: float = 30.0,
+                 procs: dict[str, subprocess.Popen[bytes]] | None = None) -> dict[str, str]:
+    """SIGTERM each worker's process group, wait up to `timeout_s`, then SIGKILL what is left.
+
+    Returns {name: "stopped" | "killed" | "not running"}.
+    """
+    result: dict[str, str] = {}
+    pending = _terminate(list(workers), result)
+    _kill(_wait_gone(pending, timeout_s, procs, result), procs, result)
     return result
 
 
