@@ -29,6 +29,7 @@ from agentbatch.environments.registry import make_workload
 from agentbatch.flows.config import BatchConfig
 from agentbatch.flows.identity import named_batch_flow, sample_tags
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
+from agentbatch.flows.orphans import guard_prefect_server
 from agentbatch.flows.progress import BatchWatch
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.policies import AdmissionLimits
@@ -209,6 +210,7 @@ async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = No
 
 def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None,
              report_dir: Path | None = None, fail_on_error: str | None = None) -> BatchOutcome:
+    guard_prefect_server()  # Prefect's temporary server, if it starts one, dies with this process
     named, tags = named_batch_flow(batch_flow, store, batch_id)  # flow run `batch-<id>-<name>`, tags
     with tags:
         result = asyncio.run(named(batch_id, store.url, show_progress, str(report_dir) if report_dir else None,

@@ -17,6 +17,7 @@ from agentbatch.protocols.engine import Message
 from agentbatch.protocols.environment import Environment, EnvironmentFailure, TaskSpec, recorded_turns
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
+from agentbatch.tasks.env_thread import off_the_loop
 from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
 
 log = logging.getLogger(__name__)
@@ -43,28 +44,48 @@ async def run_sample(
     try:
         await batch.writer.update_sample(sample.id, {"status": SampleStatus.RUNNING, "admitted_at": time.time()})
         task = TaskSpec(task_id=sample.task_id, data=sample.task or {}, group=sample.task_group or "")
-        env = batch.workload.create(task)
+        env = off_the_loop(batch.workload.create(task), batch.step_timeout_s)  # blocking code: own thread
         try:
-            run = await _start(batch, sample.id, task, env, progress, fresh=sample.status == SampleStatus.PENDING)
+            fresh = sample.status == SampleStatus.PENDING and not sample.retries  # retried: rebuild first
+            run = await _start(batch, sample.id, task, env, progress, fresh=fresh)
             while not run.state.done and run.state.step_index < batch.max_steps:
                 ticket = StepTicket(
                     sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
                     enqueued_at=batch.clock(),
                 )
                 await execute(batch, run, ticket)
-            result = await env.score()
+            result = await _score(batch, env)
             if not run.state.done:
                 result["stopped"] = f"step limit {batch.max_steps} reached"
             await _finish(batch, sample.id, score=float(result["score"]), result=result)
             return SampleStatus.COMPLETED
-        except StepFailed as exc:
-            log.warning("sample %s (%s) failed: %s", sample.index, sample.task_id, exc)
+        except Exception as exc:  # StepFailed, or an environment or scorer error: this sample fails, not the batch
+            log.warning("sample %s (%s) failed: %s", sample.index, sample.task_id, exc,
+                        exc_info=not isinstance(exc, StepFailed))
             await _finish(batch, sample.id, score=None, result=None, error=str(exc))
             return SampleStatus.FAILED
         finally:
             await env.close()
     finally:
         coordinator.finish(progress)
+
+
+async def _score(batch: BatchContext, env: Environment) -> dict[str, Any]:
+    """Score the sample; scoring errors (any exception: scoring has no side effects) are retried as
+    environment steps are, under the step timeout, and then fail the sample with StepFailed."""
+    delays = batch.retry.delays(StepKind.ENVIRONMENT)
+    for attempt in range(len(delays) + 1):
+        try:
+            async with asyncio.timeout(batch.step_timeout_s):
+                result = await env.score()
+            return {**result, "score": float(result["score"])}
+        except Exception as exc:
+            if attempt == len(delays):
+                raise StepFailed(f"scoring failed after {attempt + 1} attempt(s): "
+                                 f"{exc.__class__.__name__}: {exc}") from exc
+            log.info("scoring failed (%s: %s); retrying", exc.__class__.__name__, exc)
+            await asyncio.sleep(delays[attempt])
+    raise AssertionError("unreachable")
 
 
 async def _finish(batch: BatchContext, sample_id: int, *, score: float | None, result: dict[str, Any] | None,
