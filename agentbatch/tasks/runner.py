@@ -2,21 +2,23 @@
 
 Prefect's default thread-pool runner starts each async task with `asyncio.run` on a new thread
 (~100 ms CPU and 1 GB at 1000 tasks here). This runner instead runs every task run on the flow's
-own event loop: `submit` takes a slot from the `Coordinator` (admission limits, engine-worker and
-environment queues ordered by the `scheduling` policies) and only then starts
-`run_task_async(..., return_type="state")` inside the context copied at submit. Tasks submitted
-without a `ticket` parameter (e.g. lean-mode sample chains) are started at once.
+own event loop: for a task marked with `gated` (the step tasks), `submit` takes a slot from the
+`Coordinator` (the scheduling core's admission limits, engine-worker and environment queues) and
+only then starts `run_task_async(..., return_type="state")` inside the context copied at submit.
+Unmarked tasks (e.g. sample chains) start at once. Only Prefect's public API is used; `map` is
+Prefect's own (it submits each call through `submit`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from contextvars import copy_context
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from prefect._internal.uuid7 import uuid7
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture
 from prefect.task_runners import TaskRunner
 from prefect.tasks import Task
@@ -25,11 +27,37 @@ from agentbatch.scheduling.types import StepTicket
 from agentbatch.tasks.coordinator import Coordinator
 
 
+@dataclass(frozen=True)
+class Gate:
+    """How a gated task meets the coordinator: the parameter that holds its `StepTicket`, and the
+    parameter that receives the granted slot."""
+
+    ticket: str = "ticket"
+    slot: str = "slot"
+
+
+_GATES: dict[Callable[..., Any], Gate] = {}  # task function -> its gate (with_options copies share it)
+
+TaskT = TypeVar("TaskT", bound=Task)  # type: ignore[type-arg]
+
+
+def gated(task: TaskT, gate: Gate = Gate()) -> TaskT:  # noqa: B008 - a frozen default
+    """Mark a task as one that must hold a coordinator slot while it runs (the explicit marker the
+    runner gates on). Usable as a decorator above `@task`."""
+    _GATES[task.fn] = gate
+    return task
+
+
+def gate_of(task: Task[Any, Any]) -> Gate | None:
+    return _GATES.get(task.fn)
+
+
 class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
     def __init__(self, coordinator: Coordinator | None = None) -> None:
         super().__init__()
         self.coordinator = coordinator
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._open = False  # between __enter__ and __exit__
 
     def duplicate(self) -> CoordinatedTaskRunner:
         return type(self)(self.coordinator)
@@ -47,7 +75,7 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
     ) -> PrefectConcurrentFuture[Any]:
         from prefect.task_engine import run_task_async
 
-        if not self._started:
+        if not self._open:
             raise RuntimeError("Task runner is not started")
         if not task.isasync:
             raise TypeError(f"{type(self).__name__} runs async tasks only; {task.name!r} is sync")
@@ -56,8 +84,11 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         except RuntimeError:
             raise RuntimeError(f"{type(self).__name__} must be used from an async flow") from None
 
-        task_run_id = uuid7()
-        ticket = parameters.get("ticket")
+        task_run_id = uuid.uuid4()
+        gate = gate_of(task)
+        ticket = parameters[gate.ticket] if gate is not None else None
+        if gate is not None and not isinstance(ticket, StepTicket):
+            raise TypeError(f"gated task {task.name!r}: parameter {gate.ticket!r} must be a StepTicket")
         coordinator = self.coordinator
         result: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -67,9 +98,9 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
                 await asyncio.gather(*(asyncio.wrap_future(f.wrapped_future) for f in upstream
                                        if isinstance(f, PrefectConcurrentFuture)))
             slot = None
-            if isinstance(ticket, StepTicket) and coordinator is not None:
+            if gate is not None and coordinator is not None:
                 slot = await coordinator.acquire(ticket)
-                parameters["slot"] = slot
+                parameters[gate.slot] = slot
             try:
                 return await run_task_async(
                     task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
@@ -94,8 +125,10 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         atask.add_done_callback(done)
         return PrefectConcurrentFuture(task_run_id=task_run_id, wrapped_future=result)
 
-    def map(self, task, parameters, wait_for=None):  # type: ignore[no-untyped-def, override]
-        raise NotImplementedError("CoordinatedTaskRunner does not support map(); submit each step")
+    def __enter__(self) -> CoordinatedTaskRunner:
+        super().__enter__()
+        self._open = True
+        return self
 
     def cancel_all(self) -> None:
         for t in list(self._tasks):
@@ -103,4 +136,5 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self.cancel_all()
+        self._open = False
         super().__exit__(exc_type, exc_value, traceback)

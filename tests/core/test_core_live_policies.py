@@ -7,14 +7,23 @@ round-robin does not; the environment-slot limit holds under CAAS either way.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 from test_core_flow import max_overlap  # noqa: I001 - sibling test module
 
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, run_flow
 from agentbatch.flows.config import BatchConfig
+from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority, FifoQueue, RoundRobinRouter
+from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
+from agentbatch.tasks.coordinator import Coordinator
+from agentbatch.tasks.runner import CoordinatedTaskRunner, gated
 
-pytestmark = [pytest.mark.usefixtures("prefect_api"), pytest.mark.slow]
+pytestmark = [pytest.mark.usefixtures("prefect_api")]
 ENV_SLOTS = 2
 
 
@@ -51,6 +60,7 @@ def cache_hit_rate(store: Store, batch_id: int) -> float:
     return sum(s.cached_prompt_tokens or 0 for s in steps) / sum(s.prompt_tokens or 0 for s in steps)
 
 
+@pytest.mark.slow
 def test_sticky_routing_and_env_limit_live(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     sticky, rr = run(store, "trajectory_aware"), run(store, "round_robin")
@@ -63,3 +73,45 @@ def test_sticky_routing_and_env_limit_live(sqlite_url: str) -> None:
     # both workers share the tool-schema prefix of every task, so round-robin hits too, but less
     assert cache_hit_rate(store, sticky) > cache_hit_rate(store, rr)
     store.close()
+
+
+# --- the custom task runner: an explicit gate marker, and Prefect's own map() ---------------------
+_RUNNING = {"now": 0, "peak": 0}
+
+
+@gated
+@task(name="gated-probe", cache_policy=NO_CACHE, persist_result=False)
+async def gated_probe(ticket: StepTicket, slot: str = "") -> str:
+    _RUNNING["now"] += 1
+    _RUNNING["peak"] = max(_RUNNING["peak"], _RUNNING["now"])
+    await asyncio.sleep(0.02)
+    _RUNNING["now"] -= 1
+    return slot
+
+
+@task(name="free-probe", cache_policy=NO_CACHE, persist_result=False)
+async def free_probe(ticket: StepTicket, slot: str = "") -> str:  # same signature, not gated
+    return slot
+
+
+@flow(task_runner=CoordinatedTaskRunner(), persist_result=False)
+async def mapped_flow(n: int) -> tuple[list[str], list[str], dict[str, int]]:
+    coordinator = Coordinator(limits=AdmissionLimits(max_active_samples=n, env_slots=2, per_worker_inflight=1),
+                              workers=["w0"], env_queue=FifoQueue(), inference_queues={"w0": FifoQueue()},
+                              router=RoundRobinRouter(), priority=FcfsPriority())
+    ctx = FlowRunContext.get()
+    assert ctx is not None and isinstance(ctx.task_runner, CoordinatedTaskRunner)
+    ctx.task_runner.bind(coordinator)
+    tickets = [StepTicket(sample=SampleProgress(i, f"t{i}", i), kind=StepKind.ENVIRONMENT, step_index=1,
+                          enqueued_at=0.0) for i in range(n)]
+    gated_states = [await asyncio.wrap_future(f.wrapped_future) for f in gated_probe.map(ticket=tickets)]
+    free_states = [await asyncio.wrap_future(f.wrapped_future) for f in free_probe.map(ticket=tickets)]
+    return ([await s.aresult() for s in gated_states], [await s.aresult() for s in free_states],
+            coordinator.peaks())
+
+
+def test_runner_gates_marked_tasks_and_maps() -> None:
+    gated_slots, free_slots, peaks = asyncio.run(mapped_flow(6))
+    assert sorted(set(gated_slots)) == ["env-0", "env-1"]  # every gated call held an environment slot
+    assert _RUNNING["peak"] == 2 and peaks["environment"] == 2  # never more than the two slots at once
+    assert free_slots == [""] * 6  # the unmarked task was not gated, though its parameter is a ticket
