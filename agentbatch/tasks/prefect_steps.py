@@ -14,6 +14,7 @@ from prefect.utilities.annotations import quote
 from agentbatch.db.models import Sample, SampleStatus
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.chain import direct_executor, run_sample
+from agentbatch.tasks.runner import gated
 from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
 
 _TASK_OPTIONS: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
@@ -24,11 +25,13 @@ def _task_run_id() -> str | None:
     return str(ctx.task_run.id) if ctx else None
 
 
+@gated  # the custom task runner gives it an engine-worker slot first
 @task(name="inference", task_run_name="s{ticket.sample.sample_id}-inference-{ticket.step_index}", **_TASK_OPTIONS)
 async def inference_task(ticket: StepTicket, run: SampleRun, batch: BatchContext, slot: str = "") -> None:
     await execute_step(batch, run, ticket, slot, task_run_id=_task_run_id())
 
 
+@gated  # ... and this one an environment slot
 @task(name="environment", task_run_name="s{ticket.sample.sample_id}-environment-{ticket.step_index}",
       **_TASK_OPTIONS)
 async def environment_task(ticket: StepTicket, run: SampleRun, batch: BatchContext, slot: str = "") -> None:
