@@ -1,9 +1,21 @@
-"""The Prefect tasks: one per inference step, one per environment step, and (lean mode) one per
-sample chain. Their bodies are the plain functions of `steps.py` and `chain.py`."""
+"""The Prefect tasks: one per inference step, one per environment step (steps mode), and one per
+sample chain (chains mode, the default, and lean mode). Their bodies are the plain functions of
+`steps.py` and `chain.py`. Chains mode also lists every step in Prefect, as batched events
+(`step_events.py`) that never sit on a step's critical path.
+
+Which to use (measured by bench/live_throughput.py; docs/scale-out.md has the figures):
+- chains: a task run per sample, each step in an `agentbatch.steps.completed` event; the batch
+  runs at store speed and costs the Prefect server a task run per sample plus a few events a second.
+- steps: a task run per step, gated by the custom task runner; each step is a task run in the UI,
+  but the server records only ~20-25 task runs a second, which caps the batch; for small batches
+  with real (second-long) step latencies.
+- lean: a task run per sample and nothing per step (steps only in agentbatch's store).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 from prefect import task
@@ -15,6 +27,7 @@ from agentbatch.db.models import Sample, SampleStatus
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.chain import direct_executor, run_sample
 from agentbatch.tasks.runner import gated
+from agentbatch.tasks.step_events import StepEvents
 from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
 
 _TASK_OPTIONS: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
@@ -63,3 +76,43 @@ async def run_sample_lean(batch: BatchContext, sample: Sample, progress: SampleP
     state = await asyncio.wrap_future(future.wrapped_future)
     value = await state.aresult(raise_on_failure=True)
     return SampleStatus(value)
+
+
+_EMITTERS: weakref.WeakKeyDictionary[BatchContext, StepEvents] = weakref.WeakKeyDictionary()
+
+
+def step_events(batch: BatchContext) -> StepEvents:
+    """The batch's step-event emitter (one per batch run), hooked to its committed steps."""
+    emitter = _EMITTERS.get(batch)
+    if emitter is None:
+        emitter = _EMITTERS[batch] = StepEvents(batch.batch_id)
+        batch.on_commit = emitter.record
+    return emitter
+
+
+@task(name="sample-chain", task_run_name="sample-{sample.index}-{sample.task_id}", **_TASK_OPTIONS)
+async def visible_chain_task(sample: Sample, progress: SampleProgress, batch: BatchContext) -> str:
+    """A sample chain whose steps carry this task run's id and are listed in step events."""
+    task_run_id = _task_run_id()
+
+    async def execute(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> None:
+        slot = await batch.coordinator.acquire(ticket)
+        try:
+            await execute_step(batch, run, ticket, slot, task_run_id=task_run_id)
+        finally:
+            batch.coordinator.release(ticket, slot)
+
+    return str(await run_sample(batch, sample, progress, execute, admitted=True))
+
+
+async def run_sample_visible(batch: BatchContext, sample: Sample, progress: SampleProgress) -> SampleStatus:
+    """Chains mode: admit, then one Prefect task run for the chain; its steps go out as events."""
+    emitter = step_events(batch)
+    emitter.enter()
+    try:
+        await batch.coordinator.admit(progress)
+        future = visible_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch))
+        state = await asyncio.wrap_future(future.wrapped_future)
+        return SampleStatus(await state.aresult(raise_on_failure=True))
+    finally:
+        emitter.exit()

@@ -2,8 +2,9 @@
 
 `execute_step` is plain async code, used as the body of the Prefect step tasks (steps mode) and
 called directly in lean mode and in the plain-asyncio baseline. Every attempt is a row in the
-store: recorded `running` when it starts, `completed` with its response (one transaction that also
-advances the sample) or `failed` with the error. Infrastructure errors are retried with exponential
+store, written once when it ends: `completed` with its response (in the same transaction as the
+sample's progress) or `failed` with the error. Rows go through the group-committing `StepWriter`
+(`db/writer.py`), off the event loop; a step counts as completed only once its row is committed. Infrastructure errors are retried with exponential
 backoff; a tool error is an observation inside a completed step, not a failure.
 """
 
@@ -17,7 +18,9 @@ from typing import Any
 
 import httpx
 
-from agentbatch.db.store import StepOutcome, Store
+from agentbatch.db.models import StepStatus
+from agentbatch.db.store import Store
+from agentbatch.db.writer import StepWriter
 from agentbatch.engines.openai_http import EngineFailure
 from agentbatch.protocols.engine import ChatRequest, Engine
 from agentbatch.protocols.environment import Environment, EnvironmentFactory, EnvironmentFailure, TaskSpec
@@ -57,6 +60,12 @@ class BatchContext:
     step_timeout_s: float
     clock: Callable[[], float] = time.time  # wall clock: ticket times are stored as they are
     on_step: Callable[[StepTicket], None] | None = None  # progress hook
+    writer: StepWriter = None  # type: ignore[assignment]  # started on the store when not given
+    on_commit: Callable[[dict[str, Any]], None] | None = None  # sees each completed step's row (Prefect events)
+
+    def __post_init__(self) -> None:
+        if self.writer is None:
+            self.writer = StepWriter(self.store).start()
 
 
 @dataclass(eq=False)
@@ -67,6 +76,7 @@ class SampleRun:
     state: AgentState
     progress: SampleProgress
     meta: dict[str, Any] = field(default_factory=dict)
+    prior_attempts: dict[int, int] = field(default_factory=dict)  # step index -> attempts recorded before
 
 
 def _inference_request(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> ChatRequest:
@@ -93,52 +103,77 @@ def _request_record(run: SampleRun, ticket: StepTicket, request: ChatRequest | N
     return record
 
 
-async def _attempt(batch: BatchContext, run: SampleRun, ticket: StepTicket, slot: str, task_run_id: str | None):
-    store = batch.store
-    if ticket.kind == StepKind.INFERENCE:
-        request = _inference_request(batch, run, ticket)
-        assert ticket.worker is not None
-        step_id = store.start_step(
-            batch_id=batch.batch_id, sample_id=run.sample_id, index=ticket.step_index, kind=ticket.kind,
-            enqueued_at=ticket.enqueued_at, request=_request_record(run, ticket, request),
-            worker=ticket.worker, task_run_id=task_run_id,
-        )
-        try:
-            result = await batch.engines[ticket.worker].complete(request)
-        except BaseException as exc:
-            store.fail_step(step_id, f"{exc.__class__.__name__}: {exc}")
-            raise
-        store.complete_step(step_id, StepOutcome(
-            response=AgentState.inference_record(result), prompt_tokens=result.prompt_tokens,
-            cached_prompt_tokens=result.cached_prompt_tokens, recomputed_tokens=result.recomputed_tokens,
-            output_tokens=result.output_tokens, prefill_s=result.prefill_s, decode_s=result.decode_s,
-            engine_queue_s=result.queue_s, worker=result.worker or ticket.worker,
-        ))
-        run.state.apply_inference(result.message)
-        return
+def _step_row(batch: BatchContext, run: SampleRun, ticket: StepTicket, attempt: int,
+              task_run_id: str | None) -> dict[str, Any]:
+    return {
+        "batch_id": batch.batch_id, "sample_id": run.sample_id, "index": ticket.step_index,
+        "kind": str(ticket.kind), "attempt": attempt, "enqueued_at": ticket.enqueued_at,
+        "started_at": time.time(), "task_run_id": task_run_id,
+    }
+
+
+async def _run_inference(batch: BatchContext, run: SampleRun, ticket: StepTicket, row: dict[str, Any]) -> None:
+    request = _inference_request(batch, run, ticket)
+    assert ticket.worker is not None
+    row.update(request=_request_record(run, ticket, request), worker=ticket.worker)
+    result = await batch.engines[ticket.worker].complete(request)
+    row.update(
+        response=AgentState.inference_record(result), prompt_tokens=result.prompt_tokens,
+        cached_prompt_tokens=result.cached_prompt_tokens, recomputed_tokens=result.recomputed_tokens,
+        output_tokens=result.output_tokens, prefill_s=result.prefill_s, decode_s=result.decode_s,
+        engine_queue_s=result.queue_s, worker=result.worker or ticket.worker,
+    )
+    await _commit(batch, row, {"steps_done": ticket.step_index + 1, "last_worker": row["worker"]})
+    run.state.apply_inference(result.message)
+
+
+async def _run_environment(batch: BatchContext, run: SampleRun, ticket: StepTicket, row: dict[str, Any],
+                           slot: str) -> None:
     assistant = run.state.last_assistant
     assert assistant is not None
-    step_id = store.start_step(
-        batch_id=batch.batch_id, sample_id=run.sample_id, index=ticket.step_index, kind=ticket.kind,
-        enqueued_at=ticket.enqueued_at, request=_request_record(run, ticket, None), worker=slot,
-        task_run_id=task_run_id,
-    )
+    row.update(request=_request_record(run, ticket, None), worker=slot)
     try:
         # asyncio.timeout runs the step in this task (wait_for would start another and resume us
         # only after every other ready callback, which a busy loop turns into seconds of "execution").
         async with asyncio.timeout(batch.step_timeout_s):
             result = await run.env.step(assistant)
     except TimeoutError as exc:
-        store.fail_step(step_id, f"timed out after {batch.step_timeout_s} s")
         raise EnvironmentFailure(f"environment step timed out after {batch.step_timeout_s} s") from exc
-    except BaseException as exc:
-        store.fail_step(step_id, f"{exc.__class__.__name__}: {exc}")
-        raise
     record = AgentState.environment_record(result)
-    store.complete_step(step_id, StepOutcome(response=record, tool_calls=result.tool_calls, worker=slot))
+    row.update(response=record, tool_calls=result.tool_calls)
+    await _commit(batch, row, {"steps_done": ticket.step_index + 1})
     if "tools" in record:
         run.meta["tools_changed"] = True
     run.state.apply_environment(result.messages, result.done, record.get("tools"))
+
+
+async def _commit(batch: BatchContext, row: dict[str, Any], advance: dict[str, Any]) -> None:
+    """The step counts as completed once this returns: its row and the sample's progress are committed
+    together by the group writer."""
+    row.update(status=StepStatus.COMPLETED, finished_at=time.time())
+    await batch.writer.write_step(row, advance)
+    if batch.on_commit is not None:
+        batch.on_commit(row)
+
+
+async def _attempt(batch: BatchContext, run: SampleRun, ticket: StepTicket, slot: str, task_run_id: str | None,
+                   attempt: int) -> None:
+    """One attempt; its row is written once, when it ends (completed, or failed with the error)."""
+    row = _step_row(batch, run, ticket, attempt, task_run_id)
+    try:
+        if ticket.kind == StepKind.INFERENCE:
+            await _run_inference(batch, run, ticket, row)
+        else:
+            await _run_environment(batch, run, ticket, row, slot)
+    except BaseException as exc:
+        if row.get("status") == StepStatus.COMPLETED:
+            raise  # the commit itself failed or was cancelled: nothing else to record
+        row.update(status=StepStatus.FAILED, finished_at=time.time(), error=f"{exc.__class__.__name__}: {exc}")
+        if isinstance(exc, asyncio.CancelledError):
+            batch.writer.post_step(row)  # cannot await any more; recorded for the history
+        else:
+            await batch.writer.write_step(row)
+        raise
 
 
 async def execute_step(
@@ -146,9 +181,10 @@ async def execute_step(
 ) -> None:
     """Run one step with its retries; raises StepFailed when it cannot complete."""
     delays = batch.retry.delays(ticket.kind)
+    first = run.prior_attempts.get(ticket.step_index, 0) + 1
     for attempt in range(len(delays) + 1):
         try:
-            await _attempt(batch, run, ticket, slot, task_run_id)
+            await _attempt(batch, run, ticket, slot, task_run_id, first + attempt)
             break
         except RETRYABLE as exc:
             if attempt == len(delays):
