@@ -167,3 +167,13 @@ async def publish_batch_artifacts(store: Store, batch_id: int, report_path: Path
                                         description=f"agentbatch batch {batch_id}: summary")
     except Exception as exc:  # noqa: BLE001
         log.warning("cannot publish the Prefect artifacts of batch %s: %s", batch_id, exc)
+
+
+def write_report_if(store: Store, batch_id: int, out_dir: Path | None) -> Path | None:
+    """The batch's HTML/PNG report in out_dir (None: none). pandas, plotly and matplotlib are imported
+    only here: the batch flow imports this module, and a run's first step should not wait for them."""
+    if out_dir is None:
+        return None
+    from agentbatch.dashboards.report import write_report
+
+    return write_report(store, [batch_id], out_dir)

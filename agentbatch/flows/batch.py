@@ -18,8 +18,7 @@ from typing import Any
 from prefect import flow
 from prefect.context import FlowRunContext
 
-from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts
-from agentbatch.dashboards.report import write_report
+from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts, write_report_if
 from agentbatch.db.history import suite_priors
 from agentbatch.db.models import BatchStatus, SampleStatus
 from agentbatch.db.store import Store
@@ -183,7 +182,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     failed = len(store.samples(batch_id, statuses=[SampleStatus.FAILED]))  # this run's and earlier runs'
     status = finish(keeper, stopped)
     await artifact.flush()
-    report_path = write_report(store, [batch_id], report_dir) if report_dir is not None else None
+    report_path = write_report_if(store, batch_id, report_dir)
     if use_prefect:
         await publish_batch_artifacts(store, batch_id, report_path=report_path)
     return BatchOutcome(
