@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from agentbatch.dashboards.analytics import BatchAnalysis
+from agentbatch.dashboards.groups import compare_lines
 from agentbatch.dashboards.sections import config_diff
 from agentbatch.dashboards.summary import BatchSummary, summary_from_analysis
 
@@ -62,6 +63,7 @@ class Comparison:
         lines.append(f"  scores {verdict} on {sc.tasks_compared} task ids"
                      + (f"; mismatched: {', '.join(sc.mismatched[:10])}" if sc.mismatched else "")
                      + (f"; missing: {', '.join(sc.missing[:10])}" if sc.missing else ""))
+        lines.extend(compare_lines([(s.batch_id, s.group_scores) for s in self.summaries]))
         return "\n".join(lines)
 
     def _config_lines(self) -> list[str]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from agentbatch.dashboards.analytics import BatchAnalysis, CriticalSample
 from agentbatch.dashboards.frames import load_batch
+from agentbatch.dashboards.groups import GroupScore, group_line, group_scores
 from agentbatch.db.history import priors_used
 from agentbatch.db.store import Store
 from agentbatch.scheduling.lower_bound import LowerBound
@@ -33,6 +34,7 @@ class BatchSummary:
     worker_utilisation: dict[str, float] = field(default_factory=dict)
     critical: list[CriticalSample] = field(default_factory=list)
     priors: str | None = None  # chain-length priors the batch was admitted with (db/history.py)
+    group_scores: dict[str, GroupScore] = field(default_factory=dict)  # by task group (dashboards/groups.py)
 
     @property
     def lb_ratio(self) -> float | None:
@@ -82,6 +84,8 @@ class BatchSummary:
         lines.append(f"  cache         hit rate {hit}, recomputed tokens {self.recomputed_tokens}")
         score = f"{self.score_mean:.4f}" if self.score_mean is not None else "-"
         lines.append(f"  score         mean {score}")
+        if by_group := group_line(self.group_scores):
+            lines.append(by_group)
         if self.priors:
             lines.append(f"  priors        {self.priors}")
         if self.critical:
@@ -118,6 +122,7 @@ def summary_from_analysis(a: BatchAnalysis) -> BatchSummary:
         env_utilisation=a.env_utilisation if a.t0 is not None else None,
         worker_utilisation=a.worker_utilisation if a.t0 is not None else {},
         critical=a.critical_samples(5),
+        group_scores=group_scores(a.samples.itertuples()),
     )
 
 

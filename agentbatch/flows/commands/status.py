@@ -68,6 +68,7 @@ def mark_prefect_crashed(flow_run_id: str | None, message: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.eta import estimate_eta
     from agentbatch.dashboards.frames import UnknownBatch
+    from agentbatch.dashboards.groups import group_line, group_scores
 
     store = open_store_or_explain(args.db, "status")
     if store is None:
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             note = mark_prefect_crashed(batch.flow_run_id if batch else None, eta.notes[-1])
             eta.notes.extend([note] if note else [])
         print(eta.to_text(), flush=True)
+        if by_group := group_line(group_scores(store.samples(args.batch_id)), "  score by group "):
+            print(by_group, flush=True)
         while args.watch and eta.done < eta.total:
             time.sleep(args.watch)
             eta = estimate_eta(store, args.batch_id)

@@ -1,0 +1,1 @@
+"""toolbench: an example agentbatch plugin (workload, engine, policy). See docs/plugins.md."""
