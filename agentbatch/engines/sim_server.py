@@ -26,6 +26,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -35,7 +36,7 @@ from starlette.routing import Route
 
 from agentbatch.engines.sim_timing import SimulatedTiming
 from agentbatch.protocols.tokens import chat_tokens, count_tokens, render_message
-from agentbatch.sim.model import SimRequest
+from agentbatch.sim.model import RequestStats, SimRequest
 from agentbatch.sim.profiles import EngineProfile
 
 _FILLER = (" sim", " tok", " text", " of", " the", " agent", " batch", " run")
@@ -88,47 +89,51 @@ class SimServer:
     # --- endpoints -------------------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not JSON")
+            call = self._parse_chat(await _json_body(request))
+        except _BadRequest as exc:
+            return _error(exc.status, exc.message, exc.kind)
+        sample_id = self._sample_key(call.body)
+        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
+        stats = await self.engine.submit(SimRequest(rid, sample_id, call.prompt, call.output_tokens,
+                                                    priority=call.priority))  # fmt: skip
+        if sample_id < 0:
+            self.engine.model.forget_sample(sample_id)
+        payload = self._payload(rid, call, stats)
+        if call.body.get("stream"):
+            return StreamingResponse(_sse(payload), media_type="text/event-stream")
+        return JSONResponse(payload)
+
+    def _parse_chat(self, body: Any) -> _ChatCall:
+        """Validate a chat-completions body (raises _BadRequest, as an OpenAI server answers)."""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-            return _error(400, "`messages` must be a non-empty list")
+            raise _BadRequest(400, "`messages` must be a non-empty list")
         model = body.get("model") or self.model_name
         if model != self.model_name:
-            return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
-        tools = body.get("tools") or None
+            raise _BadRequest(404, f"The model `{model}` does not exist.", "NotFoundError")
         try:
-            prompt = chat_tokens(body["messages"], tools)
+            prompt = chat_tokens(body["messages"], body.get("tools") or None)
         except (TypeError, AttributeError) as exc:
-            return _error(400, f"cannot render messages: {exc}")
+            raise _BadRequest(400, f"cannot render messages: {exc}") from None
         scripted = body.get("agentbatch_response")
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-            return _error(400, "max_tokens must be a positive integer")
+            raise _BadRequest(400, "max_tokens must be a positive integer")
+        priority = body.get("priority", 0)
+        if not isinstance(priority, int):
+            raise _BadRequest(400, "priority must be an integer")
+        scripted = scripted if isinstance(scripted, dict) else None
         if max_tokens is not None:
             n_out = max_tokens
-        elif isinstance(scripted, dict):
+        elif scripted is not None:
             n_out = max(1, count_tokens(render_message(scripted)))
         else:
             n_out = self.default_max_tokens
-        priority = body.get("priority", 0)
-        if not isinstance(priority, int):
-            return _error(400, "priority must be an integer")
-        sample_id = self._sample_key(body)
-        rid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
-        stats = await self.engine.submit(SimRequest(rid, sample_id, prompt, n_out, priority=priority))
-        if sample_id < 0:
-            self.engine.model.forget_sample(sample_id)
-        if isinstance(scripted, dict):
-            message = {"role": "assistant", "content": scripted.get("content")}
-            if scripted.get("tool_calls"):
-                message["tool_calls"] = scripted["tool_calls"]
-            finish = "tool_calls" if scripted.get("tool_calls") else "stop"
-        else:
-            message = {"role": "assistant", "content": filler_text(stats.output_tokens)}
-            finish = "length" if max_tokens is not None else "stop"
+        return _ChatCall(body, prompt, n_out, max_tokens, priority, scripted)
+
+    def _payload(self, rid: str, call: _ChatCall, stats: RequestStats) -> dict[str, Any]:
+        message, finish = _answer(call, stats)
         s = self.engine.time_scale
-        payload = {
+        return {
             "id": rid,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -149,9 +154,6 @@ class SimServer:
                 "worker": self.worker_name,
             },
         }
-        if body.get("stream"):
-            return StreamingResponse(_sse(payload), media_type="text/event-stream")
-        return JSONResponse(payload)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(
@@ -183,6 +185,43 @@ class SimServer:
         if isinstance(sample, str) and sample:
             return zlib.crc32(sample.encode())
         return -next(self._anon)  # unknown sample: no per-sample memo
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+@dataclass(frozen=True)
+class _ChatCall:
+    """A validated chat-completions request."""
+
+    body: dict[str, Any]
+    prompt: list[int]
+    output_tokens: int
+    max_tokens: int | None  # as the client asked (then the answer stops for "length")
+    priority: int
+    scripted: dict[str, Any] | None  # agentbatch_response: the assistant message to return
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _BadRequest(400, "request body is not JSON") from None
+
+
+def _answer(call: _ChatCall, stats: RequestStats) -> tuple[dict[str, Any], str]:
+    """The assistant message and its finish reason: the scripted one, or filler of the sampled length."""
+    scripted = call.scripted
+    if scripted is not None:
+        message = {"role": "assistant", "content": scripted.get("content")}
+        if scripted.get("tool_calls"):
+            message["tool_calls"] = scripted["tool_calls"]
+        return message, "tool_calls" if scripted.get("tool_calls") else "stop"
+    message = {"role": "assistant", "content": filler_text(stats.output_tokens)}
+    return message, "length" if call.max_tokens is not None else "stop"
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
