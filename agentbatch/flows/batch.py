@@ -22,6 +22,7 @@ from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch
 from agentbatch.db.history import suite_priors
 from agentbatch.db.models import BatchStatus, SampleStatus
 from agentbatch.db.store import Store
+from agentbatch.db.writer import StepWriter
 from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.engines.registry import make_engines
 from agentbatch.environments.registry import make_workload
@@ -33,9 +34,9 @@ from agentbatch.flows.progress import BatchWatch
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
-from agentbatch.tasks.chain import direct_executor, run_sample
+from agentbatch.tasks.chain import direct_executor, drive_all, run_sample
 from agentbatch.tasks.coordinator import Coordinator
-from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_lean
+from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_lean, run_sample_visible
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 from agentbatch.tasks.steps import BatchContext, RetryPolicy
 
@@ -90,7 +91,7 @@ def build_coordinator(config: BatchConfig, workers: list[str]) -> Coordinator:
 
 async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
                         show_progress: bool | None = None, report_dir: Path | None = None,
-                        fail_on_error: str | None = None) -> BatchOutcome:
+                        fail_on_error: str | None = None, claim_limit: int | None = None) -> BatchOutcome:
     """Run the pending and interrupted samples of a batch that no other process drives (sample
     leases). With use_prefect=False the same chains run in plain asyncio (the overhead benchmark's
     baseline)."""
@@ -99,7 +100,8 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         raise ValueError(f"no batch {batch_id} in {store.url}")
     config = BatchConfig.model_validate(row.config)
     keeper = LeaseKeeper(store, batch_id, FailurePolicy.parse(fail_on_error))
-    todo = keeper.claim()
+    # claim_limit: take at most that many samples (scale-out workers, `agentbatch join`, claim in chunks)
+    todo = keeper.claim() if claim_limit is None else keeper.leases.claim(claim_limit)
     if not todo:  # finished, or every unfinished sample is driven by another process
         idle = idle_run(keeper)
         log.info("%s", idle.message)
@@ -116,6 +118,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         coordinator=coordinator,
         retry=RetryPolicy(config.retries.environment, config.retries.inference, config.retries.backoff_s),
         max_steps=config.limits.max_steps, step_timeout_s=config.limits.step_timeout_s,
+        writer=StepWriter(store).start(),
     )
     for e in engines:
         store.upsert_worker(batch_id, e.name, "engine", endpoint=getattr(e, "base_url", None))
@@ -153,6 +156,9 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         elif config.execution.mode == "lean":
             with sample_tags(sample):  # a filter per sample in the Prefect UI
                 await run_sample_lean(batch, sample, progress)
+        elif config.execution.mode == "chains":
+            with sample_tags(sample):
+                await run_sample_visible(batch, sample, progress)
         else:
             with sample_tags(sample):
                 await run_sample(batch, sample, progress, prefect_step_executor)
@@ -168,7 +174,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     stopped: str | None = None
     try:
         async with scraper or contextlib.nullcontext(), keeper:
-            await asyncio.gather(*(keeper.run(s.id, drive(s)) for s in todo))
+            await drive_all(keeper.run(s.id, drive(s)) for s in todo)
     except BatchStopped as exc:  # --fail-on-error: the remaining samples stay resumable
         stopped = str(exc)
     except BaseException as exc:
@@ -176,6 +182,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         raise
     finally:
         await bar.aclose()
+        await batch.writer.aclose()  # after the samples: their last rows are committed
         for e in engines:
             await e.aclose()
         await workload.aclose()
