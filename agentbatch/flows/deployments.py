@@ -218,7 +218,7 @@ async def serve(deployments: list[Any], *, limit: int | None, poll_s: float) -> 
     runner = Runner(name="agentbatch-serve", limit=limit, query_seconds=poll_s, pause_on_shutdown=True)
     for d in deployments:
         schedules = [DeploymentScheduleCreate(schedule=s.schedule, active=s.active) for s in d.schedules]
-        runner_deployment = scheduled_eval.to_deployment(
+        runner_deployment = await scheduled_eval.ato_deployment(
             name=d.name, schedules=schedules, parameters=d.parameters, description=d.description, tags=d.tags,
             paused=False, entrypoint_type=EntrypointType.MODULE_PATH,
         )

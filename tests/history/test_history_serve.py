@@ -5,6 +5,7 @@ the first's priors; `history` lists both and `diff` finds no regression (the scr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -40,6 +41,18 @@ def completed_batches(db: str) -> list[int]:
         store.close()
 
 
+def stop(proc: subprocess.Popen) -> bytes:
+    """SIGTERM to the serve process group (it and the flow runs it started), SIGKILL if it lingers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()[0]
+
+
 @pytest.mark.usefixtures("prefect_api")
 def test_serve_fires_a_deployment_twice(tmp_path, capsys) -> None:
     db = f"sqlite:///{tmp_path / 'nightly.sqlite'}"
@@ -56,12 +69,7 @@ def test_serve_fires_a_deployment_twice(tmp_path, capsys) -> None:
         while len(completed_batches(db)) < 2 and time.monotonic() < deadline and serve.poll() is None:
             time.sleep(2)
     finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        try:
-            out, _ = serve.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(serve.pid, signal.SIGKILL)
-            out, _ = serve.communicate()
+        out = stop(serve)
     done = completed_batches(db)
     assert len(done) >= 2, out.decode(errors="replace")[-3000:]
 
@@ -83,3 +91,36 @@ def test_serve_fires_a_deployment_twice(tmp_path, capsys) -> None:
     assert [r["batch_id"] for r in listed[rows[0].suite_key]][:2] == [b1, b2]
     assert cli("diff", str(b1), str(b2), "--db", db) == 0
     assert "regressions: 0 task(s)" in capsys.readouterr().out
+
+
+async def make_pool(name: str) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    async with get_client() as client:
+        await client.create_work_pool(WorkPoolCreate(name=name, type="process"), overwrite=True)
+
+
+async def read_deployment(name: str) -> object:
+    from prefect import get_client
+
+    async with get_client() as client:
+        return await client.read_deployment_by_name(f"{FLOW_NAME}/{name}")
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_work_pool_form_and_bad_schedules(tmp_path, capsys) -> None:
+    path = write_config(tmp_path / "nightly.yaml", config())
+    db = f"sqlite:///{tmp_path / 'pool.sqlite'}"
+    assert cli("deploy", str(path), "--name", "bad-cron", "--cron", "61 * * *", "--db", db) == 2
+    assert "cannot register" in capsys.readouterr().err
+    asyncio.run(make_pool("agentbatch-test-pool"))
+    assert cli("deploy", str(path), "--name", "pooled", "--cron", "0 2 * * *", "--db", db,
+               "--work-pool", "agentbatch-test-pool") == 0
+    assert "prefect worker start --pool agentbatch-test-pool" in capsys.readouterr().out
+    d = asyncio.run(read_deployment("pooled"))
+    assert d.work_pool_name == "agentbatch-test-pool" and not d.paused  # workers poll it
+    assert d.entrypoint == "agentbatch.flows.deployments.scheduled_eval"  # importable on any machine
+    assert d.parameters["db_url"] == db and d.parameters["config"]["name"] == "nightly"
+    assert cli("serve", "pooled") == 2  # served by the pool's workers, not by `serve`
+    assert "pooled" in capsys.readouterr().err

@@ -17,7 +17,6 @@ SERVER_HINT = ("deployments live on a running Prefect server: start one (`prefec
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "deploy", help="register a scheduled eval (a Prefect deployment of the batch flow)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Register (or update) a Prefect deployment that runs CONFIG on a schedule: each run "
         "creates a batch linked to its flow run and deployment, uses the suite's earlier chain lengths as "
         "priors, and publishes a markdown artifact with its diff against the suite's previous run. "
@@ -29,14 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", required=True, help="deployment name (letters, digits, - and _)")
     when = p.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help='cron schedule, e.g. "0 2 * * *" (02:00 UTC every night)')
-    when.add_argument("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds")
+    when.add_argument("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds (the first run one interval after deploy)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted config field (engine.params.endpoints.0.model=ckpt-12; values are "
                    "JSON when they parse as JSON, else strings); tag=NAME labels the runs (checkpoint tag). "
                    "Repeatable")
     add_db_option(p)
     p.add_argument("--threshold", type=float, default=0.0,
-                   help="a task or group whose score falls by more than this is flagged as a regression")
+                   help="a task or group whose score falls by more than this is flagged as a regression (default 0: any drop)")
     p.add_argument("--makespan-threshold", type=float, default=None, metavar="RATIO",
                    help="flag a makespan more than (1 + RATIO) x the previous run's (off by default)")
     p.add_argument("--report-dir", type=Path, default=None, metavar="DIR",
@@ -117,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
     return _register(args, DeploySpec(name=args.name, parameters=params, cron=args.cron, interval_s=args.interval,
                                       work_pool=args.work_pool,
                                       description=f"agentbatch scheduled eval of {args.config.name}"),
-                     config_suite_key(data, [t for t, _ in tasks]), len(tasks))
+                     config_suite_key(data, [t[0] for t in tasks]), len(tasks))
 
 
 def _register(args: argparse.Namespace, spec: object, suite: str, n_tasks: int) -> int:

@@ -11,7 +11,6 @@ from agentbatch.flows.commands._common import add_db_option, fail
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "diff", help="what changed between two runs of a suite (regressed / fixed tasks, group scores, makespan)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Compare batch B with batch A (with only A: A with the previous finished run of its "
         "suite). Lists tasks whose score fell (regressed) or rose (fixed) by more than --threshold, or that "
         "failed / recovered; the mean score overall and per group before and after; and the makespan. "
@@ -19,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("a", type=int, metavar="A", help="batch id (the earlier run)")
     p.add_argument("b", type=int, nargs="?", default=None, metavar="B", help="batch id (the later run)")
-    p.add_argument("--threshold", type=float, default=0.0, help="score drop that counts as a regression")
+    p.add_argument("--threshold", type=float, default=0.0, help="score drop that counts as a regression (default 0: any drop)")
     p.add_argument("--makespan-threshold", type=float, default=None, metavar="RATIO",
                    help="flag a makespan more than (1 + RATIO) x the earlier run's (off by default)")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 when a task regressed")

@@ -11,14 +11,13 @@ from agentbatch.flows.commands._common import add_db_option, fail
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "history", help="runs of a suite: date, tag, scores, makespan, failures",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="A suite is one workload kind with its params and task ids. Without an argument, list "
         "the suites in the store; with one (a suite key or its prefix, a deployment name or a batch name), "
         "list its runs: date (UTC), model/checkpoint tag, score overall and per group, makespan and its "
         "ratio to the lower bound, failed samples, and the priors each run was admitted with.",
     )
     p.add_argument("suite", nargs="?", default=None, metavar="SUITE|NAME", help="suite key, deployment or batch name")
-    p.add_argument("--limit", type=int, default=20, help="latest runs shown per suite")
+    p.add_argument("--limit", type=int, default=20, help="latest runs shown per suite (default 20)")
     p.add_argument("--json", action="store_true", help="print JSON")
     add_db_option(p)
     p.set_defaults(func=main)

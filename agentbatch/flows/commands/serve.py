@@ -10,7 +10,6 @@ from agentbatch.flows.commands._common import fail, quiet_prefect_defaults
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="run scheduled evals (the deployments of `agentbatch deploy`) on this machine",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Poll the Prefect server (PREFECT_API_URL) for due runs of the named deployments (all "
         "agentbatch deployments without a work pool when none are named) and run each in a subprocess, "
         "until stopped with Ctrl-C or SIGTERM. Their schedules are active while this runs and paused "
@@ -19,8 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="*", metavar="NAME", help="deployment names (default: all)")
     p.add_argument("--limit", type=int, default=1,
                    help="runs at once; 1 keeps scheduled evals from competing for the same engine workers "
-                   "(and lets each run use the previous one's priors); 0 = no limit")
-    p.add_argument("--poll", type=float, default=10.0, metavar="SECONDS", help="how often to ask for due runs")
+                   "(and lets each run use the previous one's priors); 0 = no limit (default 1)")
+    p.add_argument("--poll", type=float, default=10.0, metavar="SECONDS", help="how often to ask for due runs (default 10)")
     p.set_defaults(func=main)
 
 
