@@ -5,7 +5,11 @@ recorded environment durations); prints makespan, its lower bound, cache reuse, 
 --mode live: a real batch through the Prefect flow: workload "recorded" (recorded observations after
 the recorded durations) and engine "replay" (real inference forced to the recorded output lengths,
 against --endpoint URLs or the simulated engine in real time); the batch lands in the store.
-Scores of a replay equal the recording's.
+
+Both modes run the same scheduling core with the same defaults as `agentbatch run` (the
+coordination policies). Every policy input is pinned by the flags: the admission order, and the
+history priors, which come from --priors only (never from other batches in the store), so two
+replays of one trace differ only in what the flags change. Scores of a replay equal the recording's.
 """
 
 from __future__ import annotations
@@ -16,12 +20,69 @@ from pathlib import Path
 from typing import Any
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.scheduling.defaults import ADMISSION_ORDERS, DEFAULTS
+
+POLICY_KINDS = ("router", "env_queue", "inference_queue", "priority")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the description's line breaks and shows every default."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
+def _add_policy_args(p: argparse.ArgumentParser) -> None:
+    from agentbatch.scheduling import registry
+
+    g = p.add_argument_group("scheduling (defaults: those of `agentbatch run`)")
+    g.add_argument("--max-active", type=_positive_int, default=DEFAULTS.max_active_samples,
+                   help="samples admitted at once (the reference concurrency; see `agentbatch plan`)")
+    g.add_argument("--env-slots", type=_positive_int, default=DEFAULTS.env_slots,
+                   help="environment actions running at once")
+    g.add_argument("--per-worker-inflight", type=_positive_int, default=DEFAULTS.per_worker_inflight,
+                   help="inference requests in flight per engine worker")
+    g.add_argument("--coupled", action=argparse.BooleanOptionalAction, default=DEFAULTS.coupled,
+                   help="baseline: a sample holds an environment slot while admitted")
+    g.add_argument("--admission-order", choices=ADMISSION_ORDERS, default=DEFAULTS.admission_order,
+                   help="as listed, or longest prior chain first (priors from --priors; none: as listed)")
+    queues = " | ".join(sorted(registry.QUEUE_POLICIES))
+    g.add_argument("--router", default=DEFAULTS.router, help="which engine worker serves a sample's next "
+                   f"inference call: {' | '.join(sorted(registry.ROUTERS))}")
+    g.add_argument("--env-queue", default=DEFAULTS.env_queue, help=f"order of the environment-action queue: {queues}")
+    g.add_argument("--inference-queue", default=DEFAULTS.inference_queue,
+                   help=f"order of each engine worker's queue: {queues}")
+    g.add_argument("--priority", default=DEFAULTS.priority,
+                   help=f"per-request engine priority: {' | '.join(sorted(registry.PRIORITIES))}")
+    g.add_argument("--policy-param", action="append", default=[], metavar="WHAT.KEY=VALUE",
+                   help="policy parameter (JSON value), WHAT in router, env_queue, inference_queue, priority; "
+                   "e.g. router.balance_abs=16, env_queue.max_wait_s=300, priority.use_prior=true")
+    g.add_argument("--priors", type=Path, default=None,
+                   help="an earlier trace of the same tasks: its chain lengths are the history priors "
+                   "(caas_history, priority.use_prior, --admission-order longest_prior_first)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "replay", help="replay a trace (virtual time or live) with chosen policies and capacities",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__, formatter_class=_HelpFormatter,
     )
     p.add_argument("trace", type=Path, help="trace file (.parquet; see `agentbatch trace`)")
     p.add_argument("--mode", choices=("virtual", "live"), default="virtual")
@@ -31,37 +92,27 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1); repeat for more workers")
     p.add_argument("--model", default="default", help="model name sent to the endpoints")
     p.add_argument("--profile", default="llama3-8b-h100", help="simulated engine profile (name or .json)")
-    p.add_argument("--workers", type=int, default=2, help="simulated engine workers")
-    p.add_argument("--router", default="round_robin", help="round_robin | least_loaded | trajectory_aware")
-    p.add_argument("--env-queue", default="fifo", help="fifo | caas | caas_history")
-    p.add_argument("--inference-queue", default="fifo", help="fifo | caas | caas_history")
-    p.add_argument("--priority", default="fcfs", help="fcfs | chain_progress")
-    p.add_argument("--policy-param", action="append", default=[], metavar="WHAT.KEY=VALUE",
-                   help="policy parameter, e.g. router.balance_abs=16 or env_queue.max_wait_s=300")
-    p.add_argument("--env-slots", type=int, default=16)
-    p.add_argument("--max-active", type=int, default=64, help="samples admitted at once")
-    p.add_argument("--per-worker-inflight", type=int, default=None,
-                   help="requests in flight per worker (default: the profile's max_num_seqs; live: 64)")
-    p.add_argument("--coupled", action="store_true", help="baseline: a sample holds an environment slot while admitted")
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiply recorded environment durations (and, "
-                   "live with the simulated engine, its speed)")
-    p.add_argument("--priors", type=Path, default=None,
-                   help="virtual mode: an earlier trace of the same tasks; its chain lengths are the "
-                   "history-aware CAAS priors (live mode reads them from the store)")
-    p.add_argument("--samples", type=int, default=None, help="replay only the first N samples")
+    p.add_argument("--workers", type=_positive_int, default=2, help="simulated engine workers")
+    p.add_argument("--inference", choices=("engine", "recorded"), default="engine",
+                   help="virtual mode: inference on the engine model, or each call its recorded duration")
+    p.add_argument("--time-scale", type=_positive_float, default=1.0,
+                   help="multiply recorded environment durations (and, live with the simulated engine, its "
+                   "speed: 0.1 runs ten times faster than real time)")
+    p.add_argument("--samples", type=_positive_int, default=None, help="replay only the first N samples (None: all)")
     p.add_argument("--seed", type=int, default=0,
                    help="recorded with the result; the replay itself is deterministic and draws no random numbers")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--json", action="store_true", help="virtual mode: print the summary as JSON")
+    _add_policy_args(p)
     add_db_option(p)
     p.set_defaults(func=main)
 
 
 def _params(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {"router": {}, "env_queue": {}, "inference_queue": {}, "priority": {}}
+    out: dict[str, dict[str, Any]] = {k: {} for k in POLICY_KINDS}
     for item in args.policy_param:
         key, sep, raw = item.partition("=")
         what, dot, name = key.partition(".")
-        if not sep or not dot or what not in out:
+        if not sep or not dot or what not in out or not name:
             raise ValueError(f"--policy-param {item!r}: expected WHAT.KEY=VALUE with WHAT in {sorted(out)}")
         try:
             value = json.loads(raw)
@@ -71,99 +122,123 @@ def _params(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
-def main(args: argparse.Namespace) -> int:
+def _unknown_policy(args: argparse.Namespace) -> str | None:
     from agentbatch.scheduling import registry
 
-    for what, name, table in (("--router", args.router, registry.ROUTERS),
-                              ("--env-queue", args.env_queue, registry.QUEUE_POLICIES),
-                              ("--inference-queue", args.inference_queue, registry.QUEUE_POLICIES),
-                              ("--priority", args.priority, registry.PRIORITIES)):  # fmt: skip
+    tables = {"router": registry.ROUTERS, "env_queue": registry.QUEUE_POLICIES,
+              "inference_queue": registry.QUEUE_POLICIES, "priority": registry.PRIORITIES}  # fmt: skip
+    for kind, table in tables.items():
+        name = getattr(args, kind)
         if name not in table:
-            return fail(f"{what}: unknown name {name!r}; expected one of {sorted(table)}")
+            return f"--{kind.replace('_', '-')}: unknown name {name!r}; expected one of {sorted(table)}"
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    problem = _unknown_policy(args)
+    if problem:
+        return fail(problem)
     try:
         params = _params(args)
     except ValueError as exc:
         return fail(str(exc))
-    if not args.trace.is_file():
-        return fail(f"{args.trace}: no such trace file")
+    for path, what in ((args.trace, "trace"), (args.priors, "--priors")):
+        if path is not None and not path.is_file():
+            return fail(f"{what} {path}: no such trace file")
+    if args.mode == "live" and args.engine == "openai" and not args.endpoint:
+        return fail("--engine openai needs at least one --endpoint URL")
     if args.mode == "virtual":
         return _virtual(args, params)
     return _live(args, params)
 
 
+def _priors(args: argparse.Namespace) -> dict[str, float]:
+    """Chain-length priors from --priors only: pinned, whatever else the store holds."""
+    from agentbatch.traces import chain_priors, read_trace
+
+    return chain_priors(read_trace(args.priors)) if args.priors else {}
+
+
 def _virtual(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int:
     from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
-    from agentbatch.traces import chain_priors, read_trace
+    from agentbatch.traces import read_trace
 
     trace = read_trace(args.trace)
     if args.samples is not None:
         trace.samples = trace.samples[: args.samples]
-    priors = chain_priors(read_trace(args.priors)) if args.priors else None
     cfg = VirtualConfig(
         workers=args.workers, profile=args.profile, max_active=args.max_active, env_slots=args.env_slots,
-        per_worker_inflight=args.per_worker_inflight, coupled=args.coupled,
-        router=PolicySpec(args.router, params["router"]), env_queue=PolicySpec(args.env_queue, params["env_queue"]),
-        inference_queue=PolicySpec(args.inference_queue, params["inference_queue"]),
-        priority=PolicySpec(args.priority, params["priority"]), env_time_scale=args.time_scale, priors=priors,
+        per_worker_inflight=args.per_worker_inflight, coupled=args.coupled, admission_order=args.admission_order,
+        env_time_scale=args.time_scale, priors=_priors(args), inference=args.inference,
+        **{k: PolicySpec(getattr(args, k), params[k]) for k in POLICY_KINDS},
     )  # fmt: skip
     try:
         result = simulate(trace, cfg)
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, TypeError, RuntimeError) as exc:
         return fail(f"{args.trace}: {exc}")
-    s = result.summary
-    recorded = trace.mean_score()
     if args.json:
-        print(json.dumps({**s.to_dict(), "recorded_score": recorded, "seed": args.seed}, indent=2))
+        print(json.dumps({**result.summary.to_dict(), "recorded_score": trace.mean_score(), "seed": args.seed},
+                         indent=2))  # fmt: skip
     else:
-        print(f"virtual replay of {args.trace} ({s.samples} samples, {s.steps} steps, {s.events} events "
-              f"in {s.sim_wall_s:.2f}s)")  # fmt: skip
-        print(f"  makespan        {s.makespan_s:12.1f} s")
-        print(f"  lower bound     {s.lower_bound_s:12.1f} s  ({s.lb_binding}-bound; makespan/LB {s.lb_ratio:.3f}; "
-              f"chain {s.lb_terms['chain']:.1f}, inference {s.lb_terms['inference']:.1f}, "
-              f"environment {s.lb_terms['environment']:.1f})")  # fmt: skip
-        print(f"  cache hit rate  {s.cache_hit_rate:12.3f}   recomputed tokens {s.recomputed_tokens:,}")
-        print(f"  sample latency  p50 {s.p50_latency_s:.1f} s  p99 {s.p99_latency_s:.1f} s")
-        print(f"  score           {s.mean_score:12.4f}   (recorded {recorded:.4f})")
-        if s.router:
-            print(f"  routing         {s.router}")
+        _print_virtual(args.trace, result.summary, trace.mean_score())
     return 0
 
 
-def _live(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int:
-    from agentbatch.db.store import Store
-    from agentbatch.flows.batch import run_batch
+def _print_virtual(path: Path, s: Any, recorded: float) -> None:
+    print(f"virtual replay of {path} ({s.samples} samples, {s.steps} steps, {s.events} events in {s.sim_wall_s:.2f}s)")
+    print(f"  makespan        {s.makespan_s:12.1f} s")
+    print(f"  lower bound     {s.lower_bound_s:12.1f} s  ({s.lb_binding}-bound; makespan/LB {s.lb_ratio:.3f}; "
+          f"chain {s.lb_terms['chain']:.1f}, inference {s.lb_terms['inference']:.1f}, "
+          f"environment {s.lb_terms['environment']:.1f})")  # fmt: skip
+    print(f"  cache hit rate  {s.cache_hit_rate:12.3f}   recomputed tokens {s.recomputed_tokens:,}")
+    print(f"  sample latency  p50 {s.p50_latency_s:.1f} s  p99 {s.p99_latency_s:.1f} s")
+    print(f"  score           {s.mean_score:12.4f}   (recorded {recorded:.4f})")
+    if s.router:
+        print(f"  routing         {s.router}")
+
+
+def live_batch_config(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> Any:
+    """The BatchConfig of a live replay: every scheduling input from the flags (priors pinned)."""
+    from agentbatch.environments.recorded import RecordedWorkload
     from agentbatch.flows.config import BatchConfig
 
     if args.engine == "openai":
-        if not args.endpoint:
-            return fail("--engine openai needs at least one --endpoint URL")
         engine: dict[str, Any] = {"inner": "openai", "endpoints": [
             {"name": f"worker-{i}", "base_url": url, "model": args.model} for i, url in enumerate(args.endpoint)
         ]}  # fmt: skip
     else:
         engine = {"inner": "timing", "workers": args.workers,
-                  "timing": {"kind": "simulated", "profile": args.profile,
-                             "time_scale": args.time_scale if args.time_scale > 0 else 1.0}}  # fmt: skip
+                  "timing": {"kind": "simulated", "profile": args.profile, "time_scale": args.time_scale}}  # fmt: skip
     workload: dict[str, Any] = {"trace": str(args.trace.resolve()), "time_scale": args.time_scale}
     if args.samples is not None:
         workload["samples"] = args.samples
-    config = BatchConfig.model_validate({
+    base = _priors(args)
+    # The recorded workload names repeated task ids "id#k": each gets its base id's prior.
+    tasks = RecordedWorkload(workload["trace"], time_scale=args.time_scale).tasks()
+    priors = {t.task_id: base[t.data["task_id"]] for t in tasks if t.data["task_id"] in base}
+    return BatchConfig.model_validate({
         "name": f"replay:{args.trace.name}",
         "workload": {"kind": "recorded", "params": workload},
         "engine": {"kind": "replay", "params": engine},
         "scheduling": {
             "max_active_samples": args.max_active, "env_slots": args.env_slots, "coupled": args.coupled,
-            "per_worker_inflight": args.per_worker_inflight or 64,
-            "router": {"name": args.router, "params": params["router"]},
-            "env_queue": {"name": args.env_queue, "params": params["env_queue"]},
-            "inference_queue": {"name": args.inference_queue, "params": params["inference_queue"]},
-            "priority": {"name": args.priority, "params": params["priority"]},
+            "per_worker_inflight": args.per_worker_inflight, "admission_order": args.admission_order,
+            "priors": priors, **{k: {"name": getattr(args, k), "params": params[k]} for k in POLICY_KINDS},
         },
         "limits": {"max_steps": 100_000},
     })  # fmt: skip
-    quiet_prefect_defaults()
+
+
+def _live(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int:
+    from agentbatch.db.store import Store
+    from agentbatch.flows.batch import run_batch
     from agentbatch.traces import read_trace
 
+    try:
+        config = live_batch_config(args, params)
+    except ValueError as exc:
+        return fail(str(exc))
+    quiet_prefect_defaults()
     recorded = {s.index: s.score for s in read_trace(args.trace).samples}
     store = Store(args.db)
     try:
