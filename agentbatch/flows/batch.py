@@ -32,6 +32,7 @@ from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, fi
 from agentbatch.flows.orphans import guard_prefect_server
 from agentbatch.flows.progress import BatchWatch
 from agentbatch.scheduling import registry
+from agentbatch.scheduling.core import admission_sequence
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.chain import direct_executor, drive_all, run_sample
@@ -72,21 +73,31 @@ def create_batch(config: BatchConfig, store: Store, tasks: list[tuple[Any, ...]]
     return store.create_batch(config.name, config.model_dump(mode="json"), tasks)
 
 
-def build_coordinator(config: BatchConfig, workers: list[str]) -> Coordinator:
+def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool = False) -> Coordinator:
+    """The live driver over the scheduling core, built as virtual time builds it (`build_core`)."""
     s = config.scheduling
-    return Coordinator(
-        limits=AdmissionLimits(
-            max_active_samples=s.max_active_samples, env_slots=s.env_slots,
-            per_worker_inflight=s.per_worker_inflight, coupled=s.coupled,
-        ),
-        workers=workers,
-        env_queue=registry.make_queue(s.env_queue.name, **s.env_queue.params),
-        inference_queues={w: registry.make_queue(s.inference_queue.name, **s.inference_queue.params)
-                          for w in workers},
-        router=registry.make_router(s.router.name, **s.router.params),
-        priority=registry.make_priority(s.priority.name, **s.priority.params),
-        clock=time.time,
-    )
+    limits = AdmissionLimits(max_active_samples=s.max_active_samples, env_slots=s.env_slots,
+                             per_worker_inflight=s.per_worker_inflight, coupled=s.coupled)
+    core = registry.build_core(
+        limits, workers, record=record,
+        # Policies resolved as plugins (registered names, entry points, "module:Class"), params checked.
+        **{k: registry.PolicyChoice(*config.policy(k)) for k in ("env_queue", "inference_queue", "router", "priority")},
+    )  # fmt: skip
+    return Coordinator.from_core(core, clock=time.time)
+
+
+def admission_todo(config: BatchConfig, store: Store, batch_id: int, todo: list[Any]) -> tuple[list[Any], dict[str, float]]:
+    """The samples in the order they queue for admission, and the chain-length priors used: the
+    config's own (`scheduling.priors`, pinned by controlled replay) or the store's earlier batches."""
+    pinned = config.scheduling.priors
+    # Unpinned: the suite's earlier runs (else other batches of the same task ids), recorded with the
+    # batch so that its summary says where they came from (db/history.py).
+    priors = dict(pinned) if pinned is not None else suite_priors(
+        store, batch_id, [s.task_id for s in todo]).lengths
+    progress = [SampleProgress(sample_id=i, task_id=s.task_id, arrival_seq=i, prior_chain_steps=priors.get(s.task_id))
+                for i, s in enumerate(todo)]  # fmt: skip
+    ordered = admission_sequence(progress, config.scheduling.admission_order)
+    return [todo[p.sample_id] for p in ordered], priors
 
 
 async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
@@ -128,13 +139,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
                  abandoned)
     total = len(store.samples(batch_id))
-    # The suite's earlier runs (else other batches of the same task ids), recorded with the batch so
-    # that its summary says where they came from (db/history.py).
-    priors = suite_priors(store, batch_id, [s.task_id for s in todo]).lengths
-    if config.scheduling.admission_order == "longest_prior_first" and priors:
-        # Samples queue for admission in the order they start (FIFO): longest expected chain first
-        # (LPT), the makespan-friendly order when earlier batches say how long each task runs.
-        todo.sort(key=lambda s: (-priors.get(s.task_id, -1.0), s.index))
+    todo, priors = admission_todo(config, store, batch_id, todo)  # the order they queue for admission
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
