@@ -13,6 +13,7 @@ import hashlib
 import json
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from agentbatch.db.models import Batch, BatchStatus, Sample, Step, StepStatus
@@ -39,49 +40,119 @@ def _prefix(messages: list[dict[str, Any]] | None, tools: list[dict[str, Any]] |
     return hashlib.sha1(key).hexdigest()[:12], len(chat_tokens(system, tools))
 
 
+def _completed_steps(steps: list[Step]) -> dict[int, dict[int, Step]]:
+    """sample id -> step index -> its last completed attempt."""
+    by_sample: dict[int, dict[int, Step]] = defaultdict(dict)
+    for st in steps:
+        if st.status == StepStatus.COMPLETED:
+            by_sample[st.sample_id][st.index] = st  # later attempts win (ordered by id)
+    return by_sample
+
+
+def _trace_step(st: Step, t0: float) -> TraceStep:
+    resp = st.response or {}
+    duration = (st.finished_at - st.started_at) if st.finished_at is not None else 0.0
+    step = TraceStep(
+        index=st.index, kind=st.kind, duration_s=duration, enqueued_at=_rel(st.enqueued_at, t0),
+        started_at=_rel(st.started_at, t0), finished_at=_rel(st.finished_at, t0), worker=st.worker,
+        prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
+        recomputed_tokens=st.recomputed_tokens, output_tokens=st.output_tokens, prefill_s=st.prefill_s,
+        decode_s=st.decode_s, engine_queue_s=st.engine_queue_s, tool_calls=st.tool_calls,
+    )  # fmt: skip
+    if st.kind == INFERENCE:
+        step.message = resp.get("message")
+    else:
+        step.observation = list(resp.get("messages") or [])
+        step.obs_tokens = sum(count_tokens(render_message(m)) for m in step.observation)
+        step.done = bool(resp.get("done"))
+        step.tools = resp.get("tools")
+    return step
+
+
+def _trace_sample(sm: Sample, recorded: list[Step], t0: float) -> TraceSample:
+    first_req = recorded[0].request if recorded and recorded[0].request else {}
+    messages, tools = first_req.get("messages"), first_req.get("tools")
+    group, shared = _prefix(messages, tools)
+    ts = TraceSample(
+        index=sm.index, task_id=sm.task_id, task=sm.task or {}, score=sm.score, result=sm.result,
+        status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
+        tools=tools, messages=messages, prefix_group=group, shared_prefix_tokens=shared,
+    )  # fmt: skip
+    ts.steps.extend(_trace_step(st, t0) for st in recorded)
+    return ts
+
+
 def export_batch(store: Store, batch_id: int) -> Trace:
     batch = store.get_batch(batch_id)
     if batch is None:
         raise ValueError(f"no batch {batch_id} in the store")
     samples = store.samples(batch_id)
-    steps_by_sample: dict[int, dict[int, Step]] = defaultdict(dict)
     all_steps = store.steps(batch_id)
-    for st in all_steps:
-        if st.status == StepStatus.COMPLETED:
-            steps_by_sample[st.sample_id][st.index] = st  # later attempts win (ordered by id)
+    by_sample = _completed_steps(all_steps)
     t0 = batch.started_at or min((st.started_at for st in all_steps), default=batch.created_at)
-    out: list[TraceSample] = []
-    for sm in samples:
-        recorded = [steps_by_sample[sm.id][i] for i in sorted(steps_by_sample[sm.id])]
-        first_req = recorded[0].request if recorded and recorded[0].request else {}
-        messages, tools = first_req.get("messages"), first_req.get("tools")
-        group, shared = _prefix(messages, tools)
-        ts = TraceSample(
-            index=sm.index, task_id=sm.task_id, task=sm.task or {}, score=sm.score, result=sm.result,
-            status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
-            tools=tools, messages=messages, prefix_group=group, shared_prefix_tokens=shared,
-        )  # fmt: skip
-        for st in recorded:
-            resp = st.response or {}
-            duration = (st.finished_at - st.started_at) if st.finished_at is not None else 0.0
-            step = TraceStep(
-                index=st.index, kind=st.kind, duration_s=duration, enqueued_at=_rel(st.enqueued_at, t0),
-                started_at=_rel(st.started_at, t0), finished_at=_rel(st.finished_at, t0), worker=st.worker,
-                prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
-                recomputed_tokens=st.recomputed_tokens, output_tokens=st.output_tokens, prefill_s=st.prefill_s,
-                decode_s=st.decode_s, engine_queue_s=st.engine_queue_s, tool_calls=st.tool_calls,
-            )  # fmt: skip
-            if st.kind == INFERENCE:
-                step.message = resp.get("message")
-            else:
-                step.observation = list(resp.get("messages") or [])
-                step.obs_tokens = sum(count_tokens(render_message(m)) for m in step.observation)
-                step.done = bool(resp.get("done"))
-                step.tools = resp.get("tools")
-            ts.steps.append(step)
-        out.append(ts)
+    out = [_trace_sample(sm, [by_sample[sm.id][i] for i in sorted(by_sample[sm.id])], t0) for sm in samples]
     meta = {"source": "store", "batch_id": batch_id, "batch_name": batch.name, "config": batch.config}
     return Trace(samples=out, meta=meta)
+
+
+@dataclass
+class _StepIO:
+    """A step's stored request and response, and the conversation after it."""
+
+    request: dict[str, Any]
+    response: dict[str, Any]
+    messages: list[dict[str, Any]]
+
+
+def _step_io(ts: TraceSample, st: TraceStep, messages: list[dict[str, Any]]) -> _StepIO:
+    """The request/response a live run stores for this step (same shapes as the live step code)."""
+    if st.kind == INFERENCE:
+        msg = assistant_message(ts, st)
+        request: dict[str, Any] = {"n_messages": len(messages)}
+        if st.index == 0:
+            request.update(messages=messages, tools=ts.tools or [])
+        return _StepIO(request, {"message": msg, "finish_reason": "stop"}, [*messages, msg])
+    obs = observation_messages(ts, st)
+    response: dict[str, Any] = {"messages": obs, "done": st.done}
+    if st.tools is not None:
+        response["tools"] = st.tools
+    return _StepIO({"from_step": st.index - 1}, response, [*messages, *obs])
+
+
+def _step_rows(batch_id: int, sample_id: int, ts: TraceSample, base: float) -> list[Step]:
+    messages = initial_messages(ts)
+    clock = 0.0  # for steps without recorded times: back to back
+    rows = []
+    for st in ts.steps:
+        start = st.started_at if st.started_at is not None else clock
+        end = st.finished_at if st.finished_at is not None else start + (st.duration_s or 0.0)
+        clock = end
+        io = _step_io(ts, st, messages)
+        messages = io.messages
+        rows.append(
+            Step(
+                batch_id=batch_id, sample_id=sample_id, index=st.index, kind=st.kind,
+                status=StepStatus.COMPLETED, attempt=1,
+                enqueued_at=base + (st.enqueued_at if st.enqueued_at is not None else start),
+                started_at=base + start, finished_at=base + end, worker=st.worker,
+                prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
+                recomputed_tokens=st.recomputed_tokens, output_tokens=st.output_tokens,
+                prefill_s=st.prefill_s, decode_s=st.decode_s, engine_queue_s=st.engine_queue_s,
+                tool_calls=st.tool_calls if st.kind == ENVIRONMENT else None,
+                request=io.request, response=io.response,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _sample_row(batch_id: int, ts: TraceSample, base: float) -> Sample:
+    return Sample(
+        batch_id=batch_id, index=ts.index, task_id=ts.task_id, task=ts.task, status=ts.status,
+        steps_done=len(ts.steps), score=ts.score, result=ts.result,
+        admitted_at=None if ts.admitted_at is None else base + ts.admitted_at,
+        finished_at=None if ts.finished_at is None else base + ts.finished_at,
+        last_worker=next((st.worker for st in reversed(ts.steps) if st.kind == INFERENCE), None),
+    )  # fmt: skip
 
 
 def import_trace(store: Store, trace: Trace, name: str | None = None, base_time: float | None = None) -> int:
@@ -99,46 +170,8 @@ def import_trace(store: Store, trace: Trace, name: str | None = None, base_time:
         s.add(batch)
         s.flush()
         for ts in trace.samples:
-            sm = Sample(
-                batch_id=batch.id, index=ts.index, task_id=ts.task_id, task=ts.task, status=ts.status,
-                steps_done=len(ts.steps), score=ts.score, result=ts.result,
-                admitted_at=None if ts.admitted_at is None else base + ts.admitted_at,
-                finished_at=None if ts.finished_at is None else base + ts.finished_at,
-                last_worker=next((st.worker for st in reversed(ts.steps) if st.kind == INFERENCE), None),
-            )  # fmt: skip
+            sm = _sample_row(batch.id, ts, base)
             s.add(sm)
             s.flush()
-            messages = initial_messages(ts)
-            clock = 0.0  # for steps without recorded times: back to back
-            for st in ts.steps:
-                start = st.started_at if st.started_at is not None else clock
-                end = st.finished_at if st.finished_at is not None else start + (st.duration_s or 0.0)
-                clock = end
-                if st.kind == INFERENCE:
-                    msg = assistant_message(ts, st)
-                    request: dict[str, Any] = {"n_messages": len(messages)}
-                    if st.index == 0:
-                        request.update(messages=messages, tools=ts.tools or [])
-                    response: dict[str, Any] = {"message": msg, "finish_reason": "stop"}
-                    messages = [*messages, msg]
-                else:
-                    obs = observation_messages(ts, st)
-                    request = {"from_step": st.index - 1}
-                    response = {"messages": obs, "done": st.done}
-                    if st.tools is not None:
-                        response["tools"] = st.tools
-                    messages = [*messages, *obs]
-                s.add(
-                    Step(
-                        batch_id=batch.id, sample_id=sm.id, index=st.index, kind=st.kind,
-                        status=StepStatus.COMPLETED, attempt=1,
-                        enqueued_at=base + (st.enqueued_at if st.enqueued_at is not None else start),
-                        started_at=base + start, finished_at=base + end, worker=st.worker,
-                        prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
-                        recomputed_tokens=st.recomputed_tokens, output_tokens=st.output_tokens,
-                        prefill_s=st.prefill_s, decode_s=st.decode_s, engine_queue_s=st.engine_queue_s,
-                        tool_calls=st.tool_calls if st.kind == ENVIRONMENT else None,
-                        request=request, response=response,
-                    )
-                )  # fmt: skip
+            s.add_all(_step_rows(batch.id, sm.id, ts, base))
         return batch.id

@@ -104,41 +104,53 @@ def trace_to_table(trace: Trace) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=SCHEMA).replace_schema_metadata({META_KEY: json.dumps(meta)})
 
 
-def table_to_trace(table: pa.Table) -> Trace:
+def _sample_from_row(cols: dict[str, list[Any]], i: int) -> TraceSample:
+    return TraceSample(
+        index=cols["sample"][i],
+        task_id=cols["task_id"][i],
+        task=_loads(cols["task_json"][i]) or {},
+        score=cols["score"][i],
+        result=_loads(cols["result_json"][i]),
+        status=cols["status"][i] or "completed",
+        admitted_at=cols["admitted_at"][i],
+        finished_at=cols["sample_finished_at"][i],
+        tools=_loads(cols["tools_json"][i]),
+        messages=_loads(cols["messages_json"][i]),
+        prefix_group=cols["prefix_group"][i] or "",
+        shared_prefix_tokens=cols["shared_prefix_tokens"][i] or 0,
+    )
+
+
+def _step_from_row(cols: dict[str, list[Any]], i: int) -> TraceStep:
+    st = TraceStep(index=cols["step"][i], kind=cols["kind"][i], duration_s=cols["duration_s"][i])
+    for n in _STEP_PLAIN[1:]:
+        setattr(st, n, cols[n][i])
+    st.done = bool(cols["done"][i])
+    st.message = _loads(cols["message_json"][i])
+    st.observation = _loads(cols["observation_json"][i])
+    st.request_messages = _loads(cols["request_messages_json"][i])
+    st.tools = _loads(cols["step_tools_json"][i]) if "step_tools_json" in cols else None  # older traces
+    return st
+
+
+def _header(table: pa.Table) -> dict[str, Any]:
     raw = (table.schema.metadata or {}).get(META_KEY)
     header = json.loads(raw) if raw else {"version": TRACE_VERSION, "meta": {}}
     if header.get("version", TRACE_VERSION) > TRACE_VERSION:
         raise ValueError(f"trace format version {header['version']} is newer than this agentbatch ({TRACE_VERSION})")
+    return header
+
+
+def table_to_trace(table: pa.Table) -> Trace:
+    header = _header(table)
     cols = {n: table.column(n).to_pylist() for n in table.column_names}
     samples: dict[int, TraceSample] = {}
     steps: list[tuple[int, TraceStep]] = []
     for i in range(table.num_rows):
-        idx = cols["sample"][i]
         if cols["row"][i] == "sample":
-            samples[idx] = TraceSample(
-                index=idx,
-                task_id=cols["task_id"][i],
-                task=_loads(cols["task_json"][i]) or {},
-                score=cols["score"][i],
-                result=_loads(cols["result_json"][i]),
-                status=cols["status"][i] or "completed",
-                admitted_at=cols["admitted_at"][i],
-                finished_at=cols["sample_finished_at"][i],
-                tools=_loads(cols["tools_json"][i]),
-                messages=_loads(cols["messages_json"][i]),
-                prefix_group=cols["prefix_group"][i] or "",
-                shared_prefix_tokens=cols["shared_prefix_tokens"][i] or 0,
-            )
+            samples[cols["sample"][i]] = _sample_from_row(cols, i)
         else:
-            st = TraceStep(index=cols["step"][i], kind=cols["kind"][i], duration_s=cols["duration_s"][i])
-            for n in _STEP_PLAIN[1:]:
-                setattr(st, n, cols[n][i])
-            st.done = bool(cols["done"][i])
-            st.message = _loads(cols["message_json"][i])
-            st.observation = _loads(cols["observation_json"][i])
-            st.request_messages = _loads(cols["request_messages_json"][i])
-            st.tools = _loads(cols["step_tools_json"][i]) if "step_tools_json" in cols else None
-            steps.append((idx, st))
+            steps.append((cols["sample"][i], _step_from_row(cols, i)))
     for idx, st in steps:
         samples[idx].steps.append(st)
     for s in samples.values():
