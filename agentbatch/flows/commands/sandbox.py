@@ -30,28 +30,38 @@ def main(args: argparse.Namespace) -> int:
         for t in catalog.TASKS:
             print(f"{t['id']:<18} {t['hint']}")
         return 0
-    from agentbatch.environments.docker_pool import cleanup_containers, docker_client, list_labelled
     from agentbatch.protocols.environment import EnvironmentFailure
 
+    if args.action == "cleanup" and not args.batch and not args.all:
+        return fail("cleanup needs --batch LABEL or --all")
     hosts = args.host or [None]
     try:
         if args.action == "cleanup":
-            if not args.batch and not args.all:
-                return fail("cleanup needs --batch LABEL or --all")
-            n = cleanup_containers(None if args.all else args.batch, hosts)
-            print(f"removed {n} container(s)")
-            return 0
-        for url in hosts:
-            client = docker_client(url, 30, 4)
-            try:
-                for info in list_labelled(client, args.batch):
-                    labels = info.get("Labels") or {}
-                    print(f"{(url or 'default'):<10} {info['Names'][0].lstrip('/'):<50} {info['State']:<8} "
-                          f"batch={labels.get('agentbatch.batch', '?')} sample={labels.get('agentbatch.sample', '?')}")
-            finally:
-                client.close()
+            _cleanup(None if args.all else args.batch, hosts)
+        else:
+            _list(args.batch, hosts)
     except EnvironmentFailure as exc:
         return fail(str(exc), 1)
     except Exception as exc:  # noqa: BLE001 - no engine: say so plainly
         return fail(f"Docker: {exc.__class__.__name__}: {exc}", 1)
     return 0
+
+
+def _cleanup(batch: str | None, hosts: list[str | None]) -> None:
+    from agentbatch.environments.docker_pool import cleanup_containers
+
+    print(f"removed {cleanup_containers(batch, hosts)} container(s)")
+
+
+def _list(batch: str | None, hosts: list[str | None]) -> None:
+    from agentbatch.environments.docker_pool import docker_client, list_labelled
+
+    for url in hosts:
+        client = docker_client(url, 30, 4)
+        try:
+            for info in list_labelled(client, batch):
+                labels = info.get("Labels") or {}
+                print(f"{(url or 'default'):<10} {info['Names'][0].lstrip('/'):<50} {info['State']:<8} "
+                      f"batch={labels.get('agentbatch.batch', '?')} sample={labels.get('agentbatch.sample', '?')}")
+        finally:
+            client.close()

@@ -8,9 +8,12 @@ import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 from agentbatch.engines.vllm_workers import (
+    Endpoint,
     WorkerCluster,
+    WorkersConfig,
     WorkersError,
     down_from_file,
     load_plan,
@@ -51,12 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _up(args: argparse.Namespace) -> int:
     try:
         cfg = load_workers_config(args.config)
-        updates = {k: v for k, v in (("endpoints_file", args.endpoints), ("count", args.count)) if v}
-        cfg = cfg.model_copy(update=updates)
+    except WorkersError as exc:  # bad input: the message names the file and field
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    updates = {k: v for k, v in (("endpoints_file", args.endpoints), ("count", args.count)) if v}
+    cfg = cfg.model_copy(update=updates)
+    try:
         if args.dry_run:
-            for plan in plan_launch(cfg):
-                env = " ".join(f"{k}={v}" for k, v in plan.env.items())
-                print(f"# {plan.name} (log {plan.log_path})\n{env} {' '.join(plan.argv)}")
+            _print_commands(cfg)
             return 0
         cluster = WorkerCluster(cfg)
         print(f"starting {cfg.count} worker(s); logs in {cfg.log_dir}", flush=True)
@@ -67,6 +72,21 @@ def _up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted; workers stopped", file=sys.stderr)
         return 130
+    _print_started(cfg, cluster, endpoints)
+    if not args.foreground:
+        print(f"stop them with: agentbatch workers down {cfg.endpoints_file}")
+        return 0
+    _run_foreground(cluster)
+    return 0
+
+
+def _print_commands(cfg: WorkersConfig) -> None:
+    for plan in plan_launch(cfg):
+        env = " ".join(f"{k}={v}" for k, v in plan.env.items())
+        print(f"# {plan.name} (log {plan.log_path})\n{env} {' '.join(plan.argv)}")
+
+
+def _print_started(cfg: WorkersConfig, cluster: WorkerCluster, endpoints: list[Endpoint]) -> None:
     for ep in endpoints:
         print(f"{ep.name}\t{ep.base_url}\t{ep.model}\tready in {cluster.ready_s[ep.name]:.1f} s")
     print(f"endpoints written to {cfg.endpoints_file}")
@@ -74,9 +94,10 @@ def _up(args: argparse.Namespace) -> int:
         n_ref = load_plan(cfg.plan).get("reference_concurrency")
         if n_ref:
             print(f"resource model: reference concurrency {n_ref} -> scheduling.max_active_samples: {n_ref}")
-    if not args.foreground:
-        print(f"stop them with: agentbatch workers down {cfg.endpoints_file}")
-        return 0
+
+
+def _run_foreground(cluster: WorkerCluster) -> None:
+    """Until Ctrl-C / SIGTERM or a worker exits; then stop them all."""
     stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -92,7 +113,6 @@ def _up(args: argparse.Namespace) -> int:
             break
     result = cluster.down()
     print("; ".join(f"{k}: {v}" for k, v in result.items()))
-    return 0
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -106,15 +126,18 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probe_target(target: str) -> list[dict[str, Any]]:
+    """Probe rows of a URL or of every endpoint of an endpoints file (raises on an unreadable file)."""
+    if target.startswith(("http://", "https://")):
+        return [{"name": target, **probe(target)}]
+    return [{"name": ep.name, **probe(ep.base_url)} for ep in read_endpoints(target)]
+
+
 def _list(args: argparse.Namespace) -> int:
     rows = []
     for target in args.targets:
-        if target.startswith(("http://", "https://")):
-            rows.append({"name": target, **probe(target)})
-            continue
         try:
-            for ep in read_endpoints(target):
-                rows.append({"name": ep.name, **probe(ep.base_url)})
+            rows += _probe_target(target)
         except (OSError, KeyError, TypeError, ValueError) as exc:
             print(f"error: {target}: not a URL nor a readable endpoints file ({exc})", file=sys.stderr)
             return 1
