@@ -155,17 +155,15 @@ def errors(real: list[dict], sim: dict[tuple[int, int], float]) -> np.ndarray:
                      / (r["finished_at"] - r["started_at"]) for r in real])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=12)
-    ap.add_argument("--turns", type=int, default=5)
-    ap.add_argument("--port", type=int, default=8391)
-    args = ap.parse_args()
-    py = VENV / "bin" / "python"
-    if not py.exists() or not (MODEL / "config.json").exists():
-        print(f"needs {py} and {MODEL}: run .ci/setup_vllm.sh", file=sys.stderr)
-        return 2
+@dataclass
+class RealRuns:
+    chains_a: list[list[Turn]]
+    chains_b: list[list[Turn]]
+    real_a: list[dict]
+    real_b: list[dict]
 
+
+def print_install(py: Path) -> None:
     setup = VENV / "agentbatch-setup.json"
     info = json.loads(setup.read_text()) if setup.exists() else {}
     size = subprocess.run(["du", "-sb", str(VENV)], capture_output=True, text=True).stdout.split()[0]
@@ -173,15 +171,19 @@ def main() -> int:
           f"{info.get('torch', '?')}+cpu), venv {int(size) / 1e9:.2f} GB; tiny model "
           f"{sum(f.stat().st_size for f in MODEL.iterdir()) / 1e6:.1f} MB")
 
-    cfg = WorkersConfig.model_validate({
+
+def worker_config(py: Path, port: int) -> WorkersConfig:
+    return WorkersConfig.model_validate({
         "model": str(MODEL), "served_model_name": "tiny", "python": str(py), "device": "cpu",
         "log_dir": str(REPO / ".agentbatch" / "bench-vllm"), "endpoints_file":
-        str(REPO / ".agentbatch" / "bench-vllm" / "endpoints.json"), "workers": [{"name": "w0", "port": args.port}],
+        str(REPO / ".agentbatch" / "bench-vllm" / "endpoints.json"), "workers": [{"name": "w0", "port": port}],
         "settings": {"max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_BATCHED, "block_size": BLOCK,
                      "max_model_len": 8192, "kv_cache_space_gib": 1},
     })
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
-          "(other processes share the cores: real timings are noisy under load)")
+
+
+def run_real_workloads(cfg: WorkersConfig, samples: int, turns: int) -> RealRuns:
+    """Start the worker, warm it up, run workloads A and B closed-loop, stop it."""
     cluster = WorkerCluster(cfg)
     t = time.perf_counter()
     (ep,) = cluster.up()
@@ -189,20 +191,24 @@ def main() -> int:
     try:
         warm = make_workload(99, 2, 1)
         asyncio.run(run_real(ep.base_url, ep.model, warm))  # first requests pay one-off warm-up costs
-        chains_a = make_workload(1, args.samples, args.turns)
-        chains_b = make_workload(2, args.samples, args.turns)
+        chains_a = make_workload(1, samples, turns)
+        chains_b = make_workload(2, samples, turns)
         real_a, wall_a = asyncio.run(run_real(ep.base_url, ep.model, chains_a))
         real_b, wall_b = asyncio.run(run_real(ep.base_url, ep.model, chains_b))
     finally:
         cluster.down()
     print(f"load average {os.getloadavg()[0]:.1f} after the real runs; real makespans A {wall_a:.2f} s, B {wall_b:.2f} s")
+    return RealRuns(chains_a, chains_b, real_a, real_b)
 
+
+def fit_profile(runs: RealRuns):
+    """Write the timings (`agentbatch calibrate` reads them) and fit the cost model to run A."""
     out_dir = REPO / ".agentbatch" / "bench-vllm"
-    for name, rows in (("real_a", real_a), ("real_b", real_b)):  # `agentbatch calibrate` reads these
+    for name, rows in (("real_a", runs.real_a), ("real_b", runs.real_b)):
         pd.DataFrame(rows).to_csv(out_dir / f"{name}.csv", index=False)
     print(f"request timings written to {out_dir}/real_a.csv, real_b.csv")
     # The fit keeps only the total latency of requests whose stream came in one burst (calibrate.py).
-    fit_rows = real_a
+    fit_rows = runs.real_a
     dropped = int(burst_delivered(timings_from_records(fit_rows)).sum())
     print(f"fit input: {len(fit_rows)} requests of run A; {dropped} with a burst-delivered stream kept as "
           "total latency only")
@@ -213,19 +219,25 @@ def main() -> int:
     if fit.coefficients["c0"] < 1e-4 or fit.coefficients["c_decode"] <= 0:
         print("WARNING: degenerate fit (no fixed or per-sequence step cost): the simulated engine will be "
               "far too fast; re-run, ideally on a quieter machine")
-    n_req = len(real_a) + len(real_b)
-    cached = sum(r["cached_prompt_tokens"] for r in real_a + real_b)
-    prompt = sum(r["prompt_tokens"] for r in real_a + real_b)
-    print(f"real runs: {n_req} requests, prefix-cache hits {cached / prompt:.1%} of prompt tokens")
-    rr = real_a + real_b
+    return base, fit
+
+
+def print_real_stats(rr: list[dict]) -> None:
+    cached = sum(r["cached_prompt_tokens"] for r in rr)
+    prompt = sum(r["prompt_tokens"] for r in rr)
+    print(f"real runs: {len(rr)} requests, prefix-cache hits {cached / prompt:.1%} of prompt tokens")
     tpot = [r["decode_s"] / (r["output_tokens"] - 1) for r in rr if r["output_tokens"] > 1]
     print(f"real per request: time to first token p50 {np.median([r['prefill_s'] for r in rr]) * 1e3:.0f} ms, "
           f"time per output token p50 {np.median(tpot) * 1e3:.2f} ms (min {min(tpot) * 1e3:.2f}), latency p50 "
           f"{np.median([r['finished_at'] - r['started_at'] for r in rr]):.2f} s")
+
+
+def compare(runs: RealRuns, base, fit) -> None:
+    """Request and makespan errors of the base and the calibrated profile, on the fit run and the held-out one."""
     print(f"{'run':<16}{'profile':<22}{'req err p50':>12}{'req err p90':>12}{'makespan real':>15}"
           f"{'sim':>9}{'err':>8}")
     summary = {}
-    for label, chains, real in (("A (fit)", chains_a, real_a), ("B (held out)", chains_b, real_b)):
+    for label, chains, real in (("A (fit)", runs.chains_a, runs.real_a), ("B (held out)", runs.chains_b, runs.real_b)):
         # The real makespan runs from the first request to the last token (same as the simulation's).
         real_span = max(r["finished_at"] for r in real)
         for pname, prof in (("base tiny-cpu", base), ("calibrated", fit.profile)):
@@ -237,6 +249,25 @@ def main() -> int:
     b_base, b_cal = summary[("B (held out)", "base tiny-cpu")], summary[("B (held out)", "calibrated")]
     print(f"held-out run B, calibrated vs base profile: median request error x{b_cal[0] / b_base[0]:.2f}, "
           f"makespan error x{b_cal[2] / max(b_base[2], 1e-9):.2f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--port", type=int, default=8391)
+    args = ap.parse_args()
+    py = VENV / "bin" / "python"
+    if not py.exists() or not (MODEL / "config.json").exists():
+        print(f"needs {py} and {MODEL}: run .ci/setup_vllm.sh", file=sys.stderr)
+        return 2
+    print_install(py)
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start "
+          "(other processes share the cores: real timings are noisy under load)")
+    runs = run_real_workloads(worker_config(py, args.port), args.samples, args.turns)
+    base, fit = fit_profile(runs)
+    print_real_stats(runs.real_a + runs.real_b)
+    compare(runs, base, fit)
     return 0
 
 
