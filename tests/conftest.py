@@ -60,6 +60,8 @@ def sqlite_url(tmp_path) -> str:
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     reason = _pg_unavailable_reason()
+    if reason and PG_URL:  # asked for and down: a failure, never a silent skip
+        pytest.fail(reason, pytrace=False)
     if reason:
         pytest.skip(reason)
     name = f"agentbatch_t_{uuid.uuid4().hex[:12]}"
@@ -150,3 +152,27 @@ def prefect_api(tmp_path_factory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+# --- CI=true: a skipped test is a failure (a service it needs did not start) ----------------------------
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def _fail_skip_in_ci(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if _in_ci() and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which runs every test: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
+    outcome = yield
+    _fail_skip_in_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):  # type: ignore[no-untyped-def]
+    outcome = yield
+    _fail_skip_in_ci(outcome.get_result())
