@@ -2,4 +2,6 @@
 
 Entry points: `summary.summarize`, `report.write_report`, `artifacts.publish_batch_artifacts`,
 `eta.estimate_eta`. See docs/dashboards.md.
+
+Imports: scheduling, protocols, traces, db, sim.
 """

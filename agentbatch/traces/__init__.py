@@ -1,4 +1,7 @@
-"""Traces: batches as files (Parquet), synthetic workload families, history priors."""
+"""Traces: batches as files (Parquet), synthetic workload families, history priors.
+
+Imports: protocols.
+"""
 
 from agentbatch.traces.generators import FAMILIES, FamilySpec, generate, get_family
 from agentbatch.traces.parquet import read_trace, write_trace

@@ -1,4 +1,5 @@
-"""Virtual-time replay: a discrete-event simulation of a whole batch with the live policies."""
+"""Virtual-time replay: a discrete-event simulation of a whole batch with the live policies (the
+same scheduling core the live runner drives, the engine model of `agentbatch.sim`)."""
 
 from agentbatch.sim.virtual_time.result import VirtualResult, VirtualSummary, simulate
 from agentbatch.sim.virtual_time.simulation import PolicySpec, VirtualBatch, VirtualConfig
