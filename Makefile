@@ -6,15 +6,20 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.agentbatch-installed
 BFCL_EVAL := bfcl-eval==2026.3.23
 
-.PHONY: demo test lint bench clean-demo
+.PHONY: demo test install lint bench clean-demo
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/plugin_toolbench/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# bfcl-eval with its data but without its heavy ML extras (torch, transformers, faiss, CUDA)
 	$(BIN)/python -m pip install -q --no-deps '$(BFCL_EVAL)'
+	# the example plugin package (docs/plugins.md); the tests run it through the stock CLI
+	$(BIN)/python -m pip install -q --no-deps -e examples/plugin_toolbench
 	touch $(STAMP)
+
+# Install (or update) agentbatch into .venv without running anything.
+install: $(STAMP)
 
 demo: $(STAMP)
 	mkdir -p runs

@@ -1,0 +1,112 @@
+"""The plugin resolver: the three `kind` forms, parameter models, and the config's one validation pass."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentbatch.engines.registry import make_engines
+from agentbatch.environments.registry import make_workload
+from agentbatch.flows.config import ConfigError, policy_plugin, validate_config
+from agentbatch.protocols.environment import GroundTruthTurn, RecordedTurn, ground_truth_turns
+from agentbatch.protocols.plugins import PluginError, registered, resolve
+
+pytestmark = pytest.mark.usefixtures("toolbench_installed")
+
+
+@pytest.mark.parametrize("kind", ["bfcl", "toolbench", "toolbench.workload:ToolBench"],
+                         ids=["built-in name", "entry point of an installed package", "module:Object"])
+def test_three_kind_forms_resolve_and_validate(kind: str) -> None:
+    plugin = resolve("workload", kind)
+    assert plugin.kind == kind and ":" in plugin.target
+    params = {"limit": 2} if kind == "bfcl" else {"tasks_per_suite": 2}
+    assert plugin.validate(params) == params
+    with pytest.raises(Exception, match="Extra inputs"):
+        plugin.validate({"no_such_param": 1})
+    config = validate_config({"workload": {"kind": kind, "params": params}})
+    assert config.workload_plugin().obj is plugin.obj
+
+
+def test_builtin_kinds_are_entry_points_of_agentbatch_itself() -> None:
+    from agentbatch.engines.registry import ENGINES
+    from agentbatch.environments.registry import WORKLOADS
+    from agentbatch.scheduling.registry import BUILTIN_POLICIES
+
+    assert {k: v for k, v in registered("workload").items() if k in WORKLOADS} == WORKLOADS
+    assert {k: v for k, v in registered("engine").items() if k in ENGINES} == ENGINES
+    assert {k: v for k, v in registered("policy").items() if k in BUILTIN_POLICIES} == BUILTIN_POLICIES
+
+
+def test_unknown_and_broken_kinds_say_what_was_expected() -> None:
+    with pytest.raises(PluginError, match="agentbatch.workloads"):
+        resolve("workload", "nope")
+    with pytest.raises(PluginError, match="cannot import"):
+        resolve("engine", "no_such_package.x:Engine")
+    with pytest.raises(PluginError, match="has no 'Missing'"):
+        resolve("policy", "toolbench.policy:Missing")
+    with pytest.raises(PluginError, match="not a queue policy"):
+        policy_plugin("queue", "toolbench_fewest_steps")  # a priority policy where a queue is expected
+
+
+def test_plugin_policy_and_engine_params_are_checked_in_the_one_pass() -> None:
+    base = {"workload": {"kind": "toolbench"}}
+    ok = validate_config({**base, "scheduling": {"priority": {"name": "toolbench_fewest_steps",
+                                                              "params": {"ceiling": 5}}},
+                          "engine": {"kind": "toolbench_lazy", "params": {"workers": 2}}})
+    cls, params = ok.policy("priority")
+    assert cls.__name__ == "FewestStepsFirst" and params == {"ceiling": 5}
+    with pytest.raises(ConfigError) as err:
+        validate_config({**base, "scheduling": {"priority": {"name": "toolbench_fewest_steps",
+                                                             "params": {"ceiling": "5"}}},
+                         "engine": {"kind": "toolbench_lazy", "params": {"workers": 0, "answr": "x"}}})
+    fields = {i.field for i in err.value.issues}
+    assert fields == {"scheduling.priority.params.ceiling", "engine.params.workers", "engine.params.answr"}
+
+
+def test_ground_truth_with_final_text_drives_the_scripted_engine() -> None:
+    from agentbatch.protocols.engine import ChatRequest
+
+    workload = make_workload("toolbench", {"tasks_per_suite": 1, "suites": ["notes"]})
+    task = workload.tasks()[0]
+    assert task.group == "notes"
+    turns = ground_truth_turns(workload.ground_truth(task))
+    assert turns[1] == GroundTruthTurn([{"name": "note_read", "arguments": {"key": "k0"}}], task.data["answer"])
+    engine = make_engines("scripted", {"timing": {"kind": "token", "scale": 0.0}}, workload)[0]
+
+    async def play() -> tuple[dict, list[dict]]:
+        env = workload.create(task)
+        reset = await env.reset(task)
+        messages = list(reset.messages)
+        for i in range(20):
+            res = await engine.complete(ChatRequest(messages, reset.tools, task_id=task.task_id, step_index=i))
+            messages.append(res.message)
+            out = await env.step(res.message)
+            messages.extend(out.messages)
+            if out.done:
+                break
+        return await env.score(), messages
+
+    result, messages = asyncio.run(play())
+    assert result["score"] == 1.0 and result["final"] == task.data["answer"]
+    assert [m["content"] for m in messages if m["role"] == "assistant" and not m.get("tool_calls")] == \
+        ["saved", task.data["answer"]]
+
+
+def test_restore_gets_assistant_and_recorded_results_pairs() -> None:
+    workload = make_workload("toolbench", {"tasks_per_suite": 1, "suites": ["notes"]})
+    task = workload.tasks()[0]
+
+    async def main() -> dict:
+        env = workload.create(task)
+        await env.reset(task)
+        write = {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "note_write", "arguments": json.dumps({"key": "k0", "text": task.data["text"]})}}]}
+        await env.restore([RecordedTurn(write, [{"role": "tool", "tool_call_id": "c", "content": "ok"}]),
+                           RecordedTurn({"role": "assistant", "content": "saved"}, [])])
+        assert env.turn == 1 and env.notes == {"k0": task.data["text"]}
+        await env.step({"role": "assistant", "content": task.data["text"]})
+        return await env.score()
+
+    assert asyncio.run(main())["score"] == 1.0
