@@ -11,13 +11,15 @@ T0 = 1000.0
 
 
 def write_batch(store: Store, samples: list[dict[str, Any]], *, config: dict[str, Any] | None = None,
-                name: str = "known", workers: tuple[str, ...] = (), status: str = "completed") -> int:
-    """Write a batch: each sample dict has task_id, admitted, finished, status, score and steps
-    (dicts with kind, enq, start, fin and optional status/attempt/worker/token/timing fields)."""
+                name: str = "known", workers: tuple[str, ...] = (), status: str = "completed",
+                heartbeat_at: float | None = None) -> int:
+    """Write a batch: each sample dict has task_id, admitted, finished, status, score, optional error
+    and group, and steps (dicts with kind, enq, start, fin and optional status/attempt/worker/token/timing
+    fields)."""
     with store.session() as s, s.begin():
         fins = [x["finished"] for x in samples if x.get("finished") is not None]
         batch = Batch(name=name, config=config or {}, status=status, created_at=T0 - 1, started_at=T0,
-                      finished_at=max(fins) if fins and status == "completed" else None)
+                      finished_at=max(fins) if fins and status == "completed" else None, heartbeat_at=heartbeat_at)
         s.add(batch)
         s.flush()
         for w in workers:
@@ -26,7 +28,7 @@ def write_batch(store: Store, samples: list[dict[str, Any]], *, config: dict[str
             done = [st for st in x.get("steps", []) if st.get("status", "completed") == "completed"]
             sample = Sample(batch_id=batch.id, index=i, task_id=x["task_id"], task={}, status=x["status"],
                             steps_done=len(done), score=x.get("score"), admitted_at=x.get("admitted"),
-                            finished_at=x.get("finished"))
+                            finished_at=x.get("finished"), error=x.get("error"), task_group=x.get("group"))
             s.add(sample)
             s.flush()
             for st in x.get("steps", []):

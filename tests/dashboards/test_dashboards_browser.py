@@ -79,3 +79,37 @@ def test_report_command_screenshot(tmp_path, capsys):
     shot = tmp_path / "r" / "screenshot.png"
     assert f"screenshot: {shot.resolve()}" in capsys.readouterr().out
     assert Image.open(shot).size == (1400, 2400)
+
+
+def test_report_explains_the_run(tmp_path):
+    """The rendered page shows the config and policies, the config diff against the compared batch,
+    the failed sample with its reason, scores per group and per task, and hints."""
+    from test_dashboards_sections import CONFIG, mixed_samples
+
+    other = {**CONFIG, "scheduling": {**CONFIG["scheduling"], "router": {"name": "trajectory_aware", "params": {}}}}
+    store = Store(f"sqlite:///{tmp_path / 'agentbatch.sqlite'}")
+    a = write_batch(store, mixed_samples(), config=CONFIG, workers=("w0", "w1"))
+    b = write_batch(store, known_samples(shift=50.0), config=other, workers=("w0", "w1"), name="b")
+    page = write_report(store, [a, b], tmp_path / "out")
+    store.close()
+
+    r = render(page, dump_dom=True)
+    assert r.returncode == 0 and r.console_errors == [], r.stderr[-2000:]
+    dom = r.dom
+
+    def section(section_id: str) -> str:
+        m = re.search(rf'<section id="{section_id}">(.*?)</section>', dom, re.S)
+        assert m, f"section {section_id} missing"
+        return m.group(1)
+
+    config = section("config")
+    assert re.search(r"<th>router</th>\s*<td>round_robin</td>\s*<td>trajectory_aware</td>", config)
+    assert re.search(r'id="config-diff".*scheduling\.router\.name', config, re.S)
+    failed = section("failed-samples")
+    assert re.search(r"<td>t1</td>.*EnvironmentError: sandbox start failed after 3 attempts", failed, re.S)
+    scores = section("scores")
+    assert re.search(r"<th>base</th>\s*<td>2</td>\s*<td>1</td>\s*<td>1</td>\s*<td>1</td>", scores)  # group row
+    assert re.search(r"<th>miss_func</th>\s*<td>2</td>\s*<td>2</td>\s*<td>0</td>\s*<td>1</td>", scores)
+    assert f'id="tasks-{a}"' in scores and f'id="groups-{a}"' in scores
+    assert "<li>" in section("hints")
+    assert "run-to-run spread" in dom  # the comparison text
