@@ -41,8 +41,13 @@ def rows_for(family: str, samples: int | None, seed: int) -> tuple[list[tuple[st
     priors = chain_priors(prior_trace)
     profile = get_profile(cap["profile"])
     n_ref, bounds = concurrency_for_profile(trace, profile, workers=cap["workers"])
+    # The baseline's policies are set explicitly (VirtualConfig's defaults are the coordinated ones);
+    # no driver limit on requests in flight beyond the engine's own max_num_seqs in any row.
     base = VirtualConfig(workers=cap["workers"], profile=profile, env_slots=cap["env_slots"],
-                         max_active=cap["env_slots"], coupled=True)  # fmt: skip
+                         max_active=cap["env_slots"], coupled=True, per_worker_inflight=None,
+                         router=PolicySpec("round_robin"), env_queue=PolicySpec("fifo"),
+                         inference_queue=PolicySpec("fifo"), priority=PolicySpec("fcfs"),
+                         admission_order="arrival")  # fmt: skip
     rm = replace(base, max_active=n_ref)
     traj = replace(rm, router=PolicySpec("trajectory_aware"))
     dec = replace(traj, coupled=False)

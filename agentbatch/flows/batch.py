@@ -31,6 +31,7 @@ from agentbatch.flows.identity import named_batch_flow, sample_tags
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
 from agentbatch.flows.orphans import guard_prefect_server
 from agentbatch.flows.progress import BatchWatch
+from agentbatch.protocols.secrets import from_stored, install_log_redaction, to_stored
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.core import admission_sequence
 from agentbatch.scheduling.policies import AdmissionLimits
@@ -70,7 +71,7 @@ def workload_tasks(config: BatchConfig) -> list[tuple[str, dict[str, Any], str |
 def create_batch(config: BatchConfig, store: Store, tasks: list[tuple[Any, ...]] | None = None) -> int:
     """Write the batch and its samples (listing the workload's tasks unless given)."""
     tasks = workload_tasks(config) if tasks is None else tasks
-    return store.create_batch(config.name, config.model_dump(mode="json"), tasks)
+    return store.create_batch(config.name, to_stored(config.model_dump(mode="json")), tasks)  # secrets: env refs
 
 
 def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool = False) -> Coordinator:
@@ -100,24 +101,34 @@ def admission_todo(config: BatchConfig, store: Store, batch_id: int, todo: list[
     return [todo[p.sample_id] for p in ordered], priors
 
 
-async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
-                        show_progress: bool | None = None, report_dir: Path | None = None,
-                        fail_on_error: str | None = None, claim_limit: int | None = None) -> BatchOutcome:
-    """Run the pending and interrupted samples of a batch that no other process drives (sample
-    leases). With use_prefect=False the same chains run in plain asyncio (the overhead benchmark's
-    baseline)."""
+@dataclass(eq=False)
+class _LiveBatch:
+    """What one process needs to drive its samples of a batch."""
+
+    config: BatchConfig
+    keeper: LeaseKeeper
+    todo: list[Any]
+    batch: BatchContext
+    engines: list[Any]
+    priors: dict[str, float] = field(default_factory=dict)
+    total: int = 0
+
+
+def _claim(store: Store, batch_id: int, fail_on_error: str | None,
+           claim_limit: int | None) -> tuple[BatchConfig, LeaseKeeper, list[Any]]:
     row = store.get_batch(batch_id)
     if row is None:
         raise ValueError(f"no batch {batch_id} in {store.url}")
-    config = BatchConfig.model_validate(row.config)
+    config = BatchConfig.model_validate(from_stored(row.config))  # secret references resolved from the env
     keeper = LeaseKeeper(store, batch_id, FailurePolicy.parse(fail_on_error))
     # claim_limit: take at most that many samples (scale-out workers, `agentbatch join`, claim in chunks)
     todo = keeper.claim() if claim_limit is None else keeper.leases.claim(claim_limit)
-    if not todo:  # finished, or every unfinished sample is driven by another process
-        idle = idle_run(keeper)
-        log.info("%s", idle.message)
-        return BatchOutcome(batch_id=batch_id, status=idle.status, samples=idle.samples,
-                            completed=idle.samples - idle.failed, failed=idle.failed, wall_s=0.0)
+    return config, keeper, todo
+
+
+def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper, todo: list[Any],
+          use_prefect: bool) -> _LiveBatch:
+    """Workload, engines, the coordinator (bound to the flow's task runner) and the batch context."""
     workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
     engines = make_engines(config.engine.kind, config.engine.params, workload)
     coordinator = build_coordinator(config, [e.name for e in engines])
@@ -133,64 +144,89 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     )
     for e in engines:
         store.upsert_worker(batch_id, e.name, "engine", endpoint=getattr(e, "base_url", None))
-
     abandoned = store.abandon_running(batch_id, [s.id for s in todo])  # only the samples leased here
     if abandoned:
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
                  abandoned)
-    total = len(store.samples(batch_id))
-    todo, priors = admission_todo(config, store, batch_id, todo)  # the order they queue for admission
+    live = _LiveBatch(config, keeper, todo, batch, engines, total=len(store.samples(batch_id)))
+    live.todo, live.priors = admission_todo(config, store, batch_id, todo)  # the order they queue for admission
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
-             len(todo), total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
+             len(todo), live.total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
+    return live
 
-    # The terminal bar or log lines, the store's heartbeat, logs to the flow run (flows/progress.py).
-    bar = BatchWatch.start(store, batch_id, total=total, done=total - len(todo), show_progress=show_progress,
-                           coordinator=coordinator)
-    artifact = BatchProgressArtifact()  # the Prefect UI's progress bar (a no-op outside a flow run)
-    await artifact.start(batch_id, total, store.url)
-    start = time.perf_counter()
 
-    async def drive(sample) -> None:  # type: ignore[no-untyped-def]
+async def _run_chain(batch: BatchContext, sample: Any, progress: SampleProgress, mode: str | None) -> None:
+    """One sample's chain in the execution mode (None: plain asyncio, the overhead baseline)."""
+    if mode is None:
+        await run_sample(batch, sample, progress, direct_executor)
+        return
+    with sample_tags(sample):  # a filter per sample in the Prefect UI
+        if mode == "lean":
+            await run_sample_lean(batch, sample, progress)
+        elif mode == "chains":
+            await run_sample_visible(batch, sample, progress)
+        else:
+            await run_sample(batch, sample, progress, prefect_step_executor)
+
+
+async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: BatchProgressArtifact) -> str | None:
+    """Run every claimed sample; returns why the batch stopped early (--fail-on-error), else None."""
+    batch, store = live.batch, live.batch.store
+
+    async def drive(sample: Any) -> None:
         progress = SampleProgress(
             sample_id=sample.id, task_id=sample.task_id, arrival_seq=sample.index,
-            prior_chain_steps=priors.get(sample.task_id), last_worker=sample.last_worker,
+            prior_chain_steps=live.priors.get(sample.task_id), last_worker=sample.last_worker,
         )
-        if not use_prefect:
-            await run_sample(batch, sample, progress, direct_executor)
-        elif config.execution.mode == "lean":
-            with sample_tags(sample):  # a filter per sample in the Prefect UI
-                await run_sample_lean(batch, sample, progress)
-        elif config.execution.mode == "chains":
-            with sample_tags(sample):
-                await run_sample_visible(batch, sample, progress)
-        else:
-            with sample_tags(sample):
-                await run_sample(batch, sample, progress, prefect_step_executor)
+        await _run_chain(batch, sample, progress, mode)
         bar.update(1)
         await artifact.update(bar.n)
 
     # Workers behind HTTP (vLLM, the simulated server) are scraped for /metrics while the batch
     # runs: the snapshots go to the store, the KV usage and queue lengths to the router.
-    endpoints = engine_endpoints(engines)
-    scraper = MetricsScraper(endpoints, store=store, batch_id=batch_id) if endpoints else None
+    endpoints = engine_endpoints(live.engines)
+    scraper = MetricsScraper(endpoints, store=store, batch_id=batch.batch_id) if endpoints else None
     if scraper is not None:
-        coordinator.load_hook = scraper.fill_loads
-    stopped: str | None = None
+        batch.coordinator.load_hook = scraper.fill_loads
     try:
-        async with scraper or contextlib.nullcontext(), keeper:
-            await drive_all(keeper.run(s.id, drive(s)) for s in todo)
+        async with scraper or contextlib.nullcontext(), live.keeper:
+            await drive_all(live.keeper.run(s.id, drive(s)) for s in live.todo)
     except BatchStopped as exc:  # --fail-on-error: the remaining samples stay resumable
-        stopped = str(exc)
+        return str(exc)
     except BaseException as exc:
-        store.finish_batch(batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
+        store.finish_batch(batch.batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise
     finally:
         await bar.aclose()
         await batch.writer.aclose()  # after the samples: their last rows are committed
-        for e in engines:
+        for e in live.engines:
             await e.aclose()
-        await workload.aclose()
+        await batch.workload.aclose()
+    return None
+
+
+async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
+                        show_progress: bool | None = None, report_dir: Path | None = None,
+                        fail_on_error: str | None = None, claim_limit: int | None = None) -> BatchOutcome:
+    """Run the pending and interrupted samples of a batch that no other process drives (sample
+    leases). With use_prefect=False the same chains run in plain asyncio (the overhead benchmark's
+    baseline)."""
+    config, keeper, todo = _claim(store, batch_id, fail_on_error, claim_limit)
+    if not todo:  # finished, or every unfinished sample is driven by another process
+        idle = idle_run(keeper)
+        log.info("%s", idle.message)
+        return BatchOutcome(batch_id=batch_id, status=idle.status, samples=idle.samples,
+                            completed=idle.samples - idle.failed, failed=idle.failed, wall_s=0.0)
+    live = _open(store, batch_id, config, keeper, todo, use_prefect)
+    total, coordinator = live.total, live.batch.coordinator
+    # The terminal bar or log lines, the store's heartbeat, logs to the flow run (flows/progress.py).
+    bar = BatchWatch.start(store, batch_id, total=total, done=total - len(live.todo), show_progress=show_progress,
+                           coordinator=coordinator)
+    artifact = BatchProgressArtifact()  # the Prefect UI's progress bar (a no-op outside a flow run)
+    await artifact.start(batch_id, total, store.url)
+    start = time.perf_counter()
+    stopped = await _drive(live, config.execution.mode if use_prefect else None, bar, artifact)
     failed = len(store.samples(batch_id, statuses=[SampleStatus.FAILED]))  # this run's and earlier runs'
     status = finish(keeper, stopped)
     await artifact.flush()
@@ -209,7 +245,7 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
       persist_result=False, log_prints=False)
 async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = None,
                      report_dir: str | None = None, fail_on_error: str | None = None) -> dict[str, Any]:
-    store = Store(db_url)
+    store = Store(from_stored({"db_url": db_url})["db_url"])  # the parameter Prefect keeps has no password
     try:
         outcome = await execute_batch(store, batch_id, show_progress=show_progress,
                                       report_dir=Path(report_dir) if report_dir else None,
@@ -224,7 +260,9 @@ def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None,
     guard_prefect_server()  # Prefect's temporary server, if it starts one, dies with this process
     named, tags = named_batch_flow(batch_flow, store, batch_id)  # flow run `batch-<id>-<name>`, tags
     with tags:
-        result = asyncio.run(named(batch_id, store.url, show_progress, str(report_dir) if report_dir else None,
+        install_log_redaction()
+        db_param = to_stored({"db_url": store.url})["db_url"]  # a password stays in this process's env
+        result = asyncio.run(named(batch_id, db_param, show_progress, str(report_dir) if report_dir else None,
                                    fail_on_error))
     return BatchOutcome(**result)
 
