@@ -134,15 +134,69 @@ def get_family(name: str) -> FamilySpec:
         raise ValueError(f"unknown workload family {name!r}; expected one of {sorted(FAMILIES)}") from None
 
 
-def _task_params(spec: FamilySpec, seed: int, task: int) -> tuple[float, float, float, int, int]:
-    """Task-level draws, independent of the epoch: base turns, latency scale, success p, group, task tokens."""
+@dataclass(frozen=True)
+class _TaskParams:
+    """Task-level draws, independent of the epoch."""
+
+    base_turns: float
+    env_scale: float  # environment latency scale
+    success_p: float
+    group: int  # prefix group
+    task_tokens: int
+
+
+def _task_params(spec: FamilySpec, seed: int, task: int) -> _TaskParams:
     rng = np.random.default_rng([seed, task, 0])
     base_turns = float(spec.turns.draw(rng))
     env_scale = float(np.exp(0.3 * rng.standard_normal()))
     p = float(rng.beta(*spec.success))
     group = int(rng.integers(spec.prefix_groups))
     task_tokens = int(spec.task_tokens.draw(rng))
-    return base_turns, env_scale, p, group, task_tokens
+    return _TaskParams(base_turns, env_scale, p, group, task_tokens)
+
+
+def _steps(spec: FamilySpec, turns: int, outs: np.ndarray, obs: np.ndarray, env: np.ndarray,
+           context: int) -> list[TraceStep]:
+    """Alternating inference and environment steps until the chain ends or the context is full."""
+    steps: list[TraceStep] = []
+    for j in range(turns):
+        o = int(outs[j])
+        last = j == turns - 1 or context + o + int(obs[j]) + int(outs[j]) > spec.max_context
+        steps.append(TraceStep(index=len(steps), kind=INFERENCE, duration_s=0.0, prompt_tokens=context, output_tokens=o))
+        ob = 0 if last else int(obs[j])
+        steps.append(
+            TraceStep(
+                index=len(steps), kind=ENVIRONMENT, duration_s=float(env[j]), obs_tokens=ob, tool_calls=0 if last else 1, done=last
+            )
+        )
+        context += o + ob
+        if last:
+            break
+    return steps
+
+
+def _sample(spec: FamilySpec, seed: int, i: int, t: int, epoch: int, turns_scale: float) -> TraceSample:
+    tp = _task_params(spec, seed, t)
+    rng = np.random.default_rng([seed, t, 1 + epoch, i])
+    turns = tp.base_turns * turns_scale * math.exp(spec.turn_noise_sigma * rng.standard_normal())
+    turns = int(np.clip(round(turns), spec.turns.lo, spec.turns.hi * max(1.0, turns_scale)))
+    outs = spec.output_tokens.draw(rng, turns).astype(int)
+    obs = spec.obs_tokens.draw(rng, turns).astype(int)
+    env = spec.env_s.draw(rng, turns, scale=tp.env_scale)
+    if spec.long_env_p > 0:
+        long = rng.random(turns) < spec.long_env_p
+        env = np.where(long, spec.long_env_s.draw(rng, turns, scale=tp.env_scale), env)
+    score = float(rng.random() < tp.success_p)
+    return TraceSample(
+        index=i,
+        task_id=f"{spec.name}/{t:05d}",
+        steps=_steps(spec, turns, outs, obs, env, spec.system_tokens + tp.task_tokens),
+        task={"family": spec.name, "task": t},
+        score=score,
+        result={"score": score},
+        prefix_group=f"{spec.name}/g{tp.group}",
+        shared_prefix_tokens=spec.system_tokens,
+    )
 
 
 def generate(
@@ -162,47 +216,7 @@ def generate(
     spec = get_family(family) if isinstance(family, str) else family
     n = int(samples if samples is not None else spec.capacities.get("samples", 100))
     n_tasks = int(tasks or n)
-    out: list[TraceSample] = []
-    for i in range(n):
-        t = i % n_tasks
-        base_turns, env_scale, p, group, task_tokens = _task_params(spec, seed, t)
-        rng = np.random.default_rng([seed, t, 1 + epoch, i])
-        turns = base_turns * turns_scale * math.exp(spec.turn_noise_sigma * rng.standard_normal())
-        turns = int(np.clip(round(turns), spec.turns.lo, spec.turns.hi * max(1.0, turns_scale)))
-        outs = spec.output_tokens.draw(rng, turns).astype(int)
-        obs = spec.obs_tokens.draw(rng, turns).astype(int)
-        env = spec.env_s.draw(rng, turns, scale=env_scale)
-        if spec.long_env_p > 0:
-            long = rng.random(turns) < spec.long_env_p
-            env = np.where(long, spec.long_env_s.draw(rng, turns, scale=env_scale), env)
-        score = float(rng.random() < p)
-        context = spec.system_tokens + task_tokens
-        steps: list[TraceStep] = []
-        for j in range(turns):
-            o = int(outs[j])
-            last = j == turns - 1 or context + o + int(obs[j]) + int(outs[j]) > spec.max_context
-            steps.append(TraceStep(index=len(steps), kind=INFERENCE, duration_s=0.0, prompt_tokens=context, output_tokens=o))
-            ob = 0 if last else int(obs[j])
-            steps.append(
-                TraceStep(
-                    index=len(steps), kind=ENVIRONMENT, duration_s=float(env[j]), obs_tokens=ob, tool_calls=0 if last else 1, done=last
-                )
-            )
-            context += o + ob
-            if last:
-                break
-        out.append(
-            TraceSample(
-                index=i,
-                task_id=f"{spec.name}/{t:05d}",
-                steps=steps,
-                task={"family": spec.name, "task": t},
-                score=score,
-                result={"score": score},
-                prefix_group=f"{spec.name}/g{group}",
-                shared_prefix_tokens=spec.system_tokens,
-            )
-        )
+    out = [_sample(spec, seed, i, i % n_tasks, epoch, turns_scale) for i in range(n)]
     meta: dict[str, Any] = {
         "source": "synthetic",
         "family": spec.name,
