@@ -21,7 +21,7 @@ from agentbatch.db.store import Store
 from agentbatch.flows.deployments import FLOW_NAME
 
 INTERVAL_S = 20
-WAIT_S = 100  # the first run fires one interval after deploy, the second one later
+WAIT_S = 110  # the first run fires one interval after deploy, the second one later
 
 
 async def deployment_and_runs(name: str, flow_run_ids: list[str]) -> tuple[str, list[str | None]]:
@@ -33,12 +33,32 @@ async def deployment_and_runs(name: str, flow_run_ids: list[str]) -> tuple[str, 
     return str(deployment.id), [str(r.deployment_id) if r.deployment_id else None for r in runs]
 
 
+async def latest_artifact(key: str) -> str:
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        found = await client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert found, f"no artifact {key}"
+    return str(found[0].data)
+
+
 def completed_batches(db: str) -> list[int]:
+    """Batches whose scheduled flow run has finished (batch completed, diff artifact published)."""
     store = Store(db)
     try:
-        return [b.id for b in store.list_batches() if b.status.startswith("completed")]
+        done = [(b.id, b.flow_run_id) for b in store.list_batches() if b.status.startswith("completed")]
     finally:
         store.close()
+    return [b for b, run in done if run and asyncio.run(flow_run_state(run)) == "COMPLETED"]
+
+
+async def flow_run_state(flow_run_id: str) -> str | None:
+    from prefect import get_client
+
+    async with get_client() as client:
+        run = await client.read_flow_run(flow_run_id)
+    return run.state.type.value if run.state else None
 
 
 def stop(proc: subprocess.Popen) -> bytes:
@@ -91,6 +111,10 @@ def test_serve_fires_a_deployment_twice(tmp_path, capsys) -> None:
     assert [r["batch_id"] for r in listed[rows[0].suite_key]][:2] == [b1, b2]
     assert cli("diff", str(b1), str(b2), "--db", db) == 0
     assert "regressions: 0 task(s)" in capsys.readouterr().out
+    # The run's own artifact (one key per deployment) says the same; serve paused the schedule on exit.
+    markdown = asyncio.run(latest_artifact("agentbatch-diff-nightly-test"))
+    assert f"batch {b2} vs previous run {b1}" in markdown and "no regressed task" in markdown
+    assert asyncio.run(read_deployment("nightly-test")).paused
 
 
 async def make_pool(name: str) -> None:
