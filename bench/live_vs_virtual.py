@@ -87,8 +87,9 @@ def breakdown(steps: list[Any], span: float, scale: float) -> Breakdown:
 
 
 # --- the two clocks -----------------------------------------------------------------------------
-def replay_argv(trace: Path, args: argparse.Namespace, urls: list[str], scale: float) -> list[str]:
-    argv = ["replay", str(trace), "--mode", "live", "--engine", "openai", "--time-scale", f"{scale:.6f}",
+def replay_argv(trace: Path, args: argparse.Namespace, urls: list[str], scale: float, profile: str) -> list[str]:
+    argv = ["replay", str(trace), "--mode", "live", "--engine", "openai", "--model", profile,
+            "--time-scale", f"{scale:.6f}",
             "--max-active", str(args.max_active), "--env-slots", str(args.env_slots)]  # fmt: skip
     for url in urls:
         argv += ["--endpoint", url]
@@ -143,7 +144,7 @@ def run_live(trace_path: Path, args: argparse.Namespace, profile: str, scale: fl
     try:
         for url in urls:
             wait_health(url)
-        a = build_parser().parse_args(replay_argv(trace_path, args, urls, scale))
+        a = build_parser().parse_args(replay_argv(trace_path, args, urls, scale, profile))
         config = live_batch_config(a, _params(a))
         store = Store(db)
         try:
@@ -157,8 +158,11 @@ def run_live(trace_path: Path, args: argparse.Namespace, profile: str, scale: fl
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+    failed = [s.index for s in samples if s.status != "completed"]
+    if failed:
+        raise RuntimeError(f"live replay: samples {failed} did not complete")
     span = max(s.finished_at for s in samples) - min(s.admitted_at for s in samples)
-    return breakdown(steps, span, scale), replay_argv(trace_path, args, urls, scale)
+    return breakdown(steps, span, scale), replay_argv(trace_path, args, urls, scale, profile)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -215,9 +219,11 @@ def _family(family: str, args: argparse.Namespace, tmp: Path, generate: Any, wri
     path = tmp / f"{family}.parquet"
     write_trace(trace, path)
     ports = _free_ports(2)
-    probe = replay_argv(path, args, [f"http://127.0.0.1:{p}/v1" for p in ports], 1.0)
+    probe = replay_argv(path, args, [f"http://127.0.0.1:{p}/v1" for p in ports], 1.0, profile)
     virtual, result = run_virtual(path, probe, profile)
-    scale = min(1.0, args.target_s / max(virtual.makespan_s, 1e-9))
+    # One scale for engine speed and tool durations; > 1 slows a short family down to about
+    # target_s, so that per-step orchestration stays as small beside real step times as in production.
+    scale = args.target_s / max(virtual.makespan_s, 1e-9)
     t0 = time.perf_counter()
     live, _ = run_live(path, args, profile, scale, f"sqlite:///{tmp / (family + '.sqlite')}", ports)
     wall = time.perf_counter() - t0

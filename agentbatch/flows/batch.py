@@ -87,7 +87,13 @@ def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool =
     return Coordinator.from_core(core, clock=time.time)
 
 
-def admission_todo(config: BatchConfig, store: Store, batch_id: int, todo: list[Any]) -> tuple[list[Any], dict[str, float]]:
+@dataclass
+class AdmissionPlan:
+    todo: list[Any]  # the samples, in the order they queue for admission
+    priors: dict[str, float]  # task id -> expected chain steps used by the policies
+
+
+def admission_todo(config: BatchConfig, store: Store, batch_id: int, todo: list[Any]) -> AdmissionPlan:
     """The samples in the order they queue for admission, and the chain-length priors used: the
     config's own (`scheduling.priors`, pinned by controlled replay) or the store's earlier batches."""
     pinned = config.scheduling.priors
@@ -98,7 +104,7 @@ def admission_todo(config: BatchConfig, store: Store, batch_id: int, todo: list[
     progress = [SampleProgress(sample_id=i, task_id=s.task_id, arrival_seq=i, prior_chain_steps=priors.get(s.task_id))
                 for i, s in enumerate(todo)]  # fmt: skip
     ordered = admission_sequence(progress, config.scheduling.admission_order)
-    return [todo[p.sample_id] for p in ordered], priors
+    return AdmissionPlan([todo[p.sample_id] for p in ordered], priors)
 
 
 @dataclass(eq=False)
@@ -114,8 +120,14 @@ class _LiveBatch:
     total: int = 0
 
 
-def _claim(store: Store, batch_id: int, fail_on_error: str | None,
-           claim_limit: int | None) -> tuple[BatchConfig, LeaseKeeper, list[Any]]:
+@dataclass(eq=False)
+class _Claim:
+    config: BatchConfig
+    keeper: LeaseKeeper
+    todo: list[Any]  # the samples leased to this process
+
+
+def _claim(store: Store, batch_id: int, fail_on_error: str | None, claim_limit: int | None) -> _Claim:
     row = store.get_batch(batch_id)
     if row is None:
         raise ValueError(f"no batch {batch_id} in {store.url}")
@@ -123,7 +135,7 @@ def _claim(store: Store, batch_id: int, fail_on_error: str | None,
     keeper = LeaseKeeper(store, batch_id, FailurePolicy.parse(fail_on_error))
     # claim_limit: take at most that many samples (scale-out workers, `agentbatch join`, claim in chunks)
     todo = keeper.claim() if claim_limit is None else keeper.leases.claim(claim_limit)
-    return config, keeper, todo
+    return _Claim(config, keeper, todo)
 
 
 def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper, todo: list[Any],
@@ -149,7 +161,8 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
                  abandoned)
     live = _LiveBatch(config, keeper, todo, batch, engines, total=len(store.samples(batch_id)))
-    live.todo, live.priors = admission_todo(config, store, batch_id, todo)  # the order they queue for admission
+    plan = admission_todo(config, store, batch_id, todo)
+    live.todo, live.priors = plan.todo, plan.priors  # the order they queue for admission
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), live.total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
@@ -212,7 +225,8 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     """Run the pending and interrupted samples of a batch that no other process drives (sample
     leases). With use_prefect=False the same chains run in plain asyncio (the overhead benchmark's
     baseline)."""
-    config, keeper, todo = _claim(store, batch_id, fail_on_error, claim_limit)
+    claim = _claim(store, batch_id, fail_on_error, claim_limit)
+    config, keeper, todo = claim.config, claim.keeper, claim.todo
     if not todo:  # finished, or every unfinished sample is driven by another process
         idle = idle_run(keeper)
         log.info("%s", idle.message)

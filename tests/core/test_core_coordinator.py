@@ -101,3 +101,54 @@ def test_cancelled_waiter_gives_no_slot_away() -> None:
         return coord.in_use()["environment"]
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_admission_limit_changes_while_the_batch_runs() -> None:
+    async def scenario() -> list[tuple[str, int]]:
+        coord = make(AdmissionLimits(max_active_samples=2, env_slots=2, per_worker_inflight=1))
+        events: list[tuple[str, int]] = []
+        samples = [SampleProgress(i, f"t{i}", i) for i in range(6)]
+
+        async def admit(p: SampleProgress) -> None:
+            await coord.admit(p)
+            events.append(("admitted", p.sample_id))
+
+        tasks = [asyncio.create_task(admit(p)) for p in samples]
+        await asyncio.sleep(0)
+        assert [e[1] for e in events] == [0, 1] and coord.in_use()["admission"] == 2
+        coord.set_admission_limit(4)  # grows: two waiting samples are admitted at once
+        await asyncio.sleep(0)
+        assert [e[1] for e in events] == [0, 1, 2, 3]
+        coord.set_admission_limit(1)  # shrinks: nothing running stops; finishing samples free no slot
+        for p in samples[:3]:
+            coord.finish(p)
+            events.append(("finished", p.sample_id))
+        await asyncio.sleep(0)
+        assert coord.in_use()["admission"] == 1 and len([e for e in events if e[0] == "admitted"]) == 4
+        coord.finish(samples[3])  # below the limit now: the next waiter goes in
+        await asyncio.gather(tasks[4])
+        assert coord.core.admission_limit == 1 and coord.in_use()["admission"] == 1
+        tasks[5].cancel()
+        return events
+
+    events = asyncio.run(scenario())
+    assert [sid for kind, sid in events if kind == "admitted"] == [0, 1, 2, 3, 4]
+
+
+def test_progress_is_counted_by_the_core_on_release() -> None:
+    async def scenario() -> SampleProgress:
+        coord = make(AdmissionLimits(max_active_samples=1, env_slots=1, per_worker_inflight=1))
+        p = SampleProgress(0, "t", 0)
+        await coord.admit(p)
+        for k in range(4):
+            kind = StepKind.INFERENCE if k % 2 == 0 else StepKind.ENVIRONMENT
+            t = StepTicket(sample=p, kind=kind, step_index=k, enqueued_at=0.0)
+            slot = await coord.acquire(t)
+            await asyncio.sleep(0.01)
+            coord.release(t, slot)
+        coord.finish(p)
+        return p
+
+    p = asyncio.run(scenario())
+    assert p.steps_done == 4 and p.attained_s >= 0.04  # grant to release, summed
+    assert p.last_worker in ("w0", "w1")
