@@ -362,9 +362,9 @@ def first_run_markdown(store: Store, batch_id: int) -> str:
 async def publish_diff_artifact(store: Store, batch_id: int, diff: RunDiff | None, deployment: str | None) -> None:
     """A markdown artifact with the run's diff against the suite's previous run (no-op outside a
     Prefect run; API errors are logged, never raised: the dashboard must not fail the batch)."""
-    from agentbatch.dashboards.artifacts import in_prefect_run
+    from prefect.context import FlowRunContext, TaskRunContext
 
-    if not in_prefect_run():
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
         return
     from prefect.artifacts import acreate_markdown_artifact
 
