@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from agentbatch.flows.commands.plan import concurrency_for_profile
+from agentbatch.planning import concurrency_for_profile
 from agentbatch.sim.profiles import get_profile
 from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
 from agentbatch.traces import FAMILIES, chain_priors, generate
@@ -40,7 +40,8 @@ def rows_for(family: str, samples: int | None, seed: int) -> tuple[list[tuple[st
     prior_trace = generate(family, n, seed=seed, epoch=0)  # the same tasks, run before
     priors = chain_priors(prior_trace)
     profile = get_profile(cap["profile"])
-    n_ref, bounds = concurrency_for_profile(trace, profile, workers=cap["workers"])
+    pick = concurrency_for_profile(trace, profile, workers=cap["workers"])
+    n_ref, bounds = pick.n_ref, pick.bounds
     # The baseline's policies are set explicitly (VirtualConfig's defaults are the coordinated ones);
     # no driver limit on requests in flight beyond the engine's own max_num_seqs in any row.
     base = VirtualConfig(workers=cap["workers"], profile=profile, env_slots=cap["env_slots"],

@@ -21,7 +21,6 @@ from agentbatch.planning import (
     InputError,
     PlanError,
     WorkloadSpec,
-    concurrency_for_profile,  # noqa: F401 - kept importable here for callers not yet on agentbatch.planning
     load_model_shape,
     load_workload,
     plan,
