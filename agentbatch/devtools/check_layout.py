@@ -48,6 +48,11 @@ ROOMS: dict[str, frozenset[str]] = {  # layout: table
     "flows": frozenset({"scheduling", "protocols", "traces", "planning", "sim", "db", "environments",
                         "engines", "tasks", "gateway", "dashboards"}),
     "devtools": frozenset(),
+    # The Python API (agentbatch/api.py: run/resume) sits on top of everything; the package root
+    # may import only it, lazily, for `agentbatch.run(...)`.
+    "api": frozenset({"scheduling", "protocols", "traces", "planning", "sim", "db", "environments",
+                      "engines", "tasks", "gateway", "dashboards", "flows"}),
+    "": frozenset({"api"}),
 }
 # The package's own ``__init__``/``__main__`` modules sit in no room and may import nothing of it.
 ROOT_ROOM = ""
