@@ -33,6 +33,10 @@ def store_tag(store_url: str) -> str:
     """8 hex digits naming a store (its URL without the password): batch ids repeat across stores,
     so Prefect artifact keys and tags carry this too."""
     shown = re.sub(r"://([^:/@]+):[^@]*@", r"://\1@", store_url)
+    if shown.startswith("sqlite:///") and not shown.startswith("sqlite:////"):  # relative: to the cwd
+        path = shown.removeprefix("sqlite:///").split("?")[0]
+        if path and not path.startswith((":memory:", "file:")):
+            shown = f"sqlite:///{Path(path).resolve()}"
     return hashlib.sha256(shown.encode()).hexdigest()[:8]
 
 
