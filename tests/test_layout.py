@@ -36,6 +36,15 @@ def test_package_passes() -> None:
     assert not violations, f"check_layout found {len(violations)} violation(s) in the package:\n{report}"
 
 
+def test_benchmarks_and_scripts_within_size_limits() -> None:
+    repo = PACKAGE.parent
+    files = [p for folder in ("bench", "scripts") for p in sorted((repo / folder).rglob("*.py"))]
+    assert files, "bench/ and scripts/ hold the benchmarks and scripts"
+    violations = check_layout.check_files(files)
+    report = "\n".join(str(v) for v in violations)
+    assert not violations, f"{len(violations)} function(s) over the limits in bench/ or scripts/:\n{report}"
+
+
 def test_cli_exit_zero_on_clean_tree(tmp_path: Path) -> None:
     pkg = _tree(tmp_path, {
         "scheduling/types.py": "X = 1\n",
