@@ -46,7 +46,7 @@ ROOMS: dict[str, frozenset[str]] = {  # layout: table
                           "engines", "tasks"}),
     "dashboards": frozenset({"scheduling", "protocols", "traces", "db", "sim"}),
     "flows": frozenset({"scheduling", "protocols", "traces", "planning", "sim", "db", "environments",
-                        "engines", "tasks", "gateway", "dashboards"}),
+                        "engines", "tasks", "gateway", "dashboards", "devtools"}),
     "devtools": frozenset(),
     # The Python API (agentbatch/api.py: run/resume) sits on top of everything; the package root
     # may import only it, lazily, for `agentbatch.run(...)`.
