@@ -66,10 +66,6 @@ def breakdown(steps: list[Any], span: float, scale: float) -> Breakdown:
     """steps: objects or rows with sample_id, index, kind, enqueued_at, started_at, finished_at, token counts."""
     inf = [s for s in steps if s.kind == "inference"]
     env = [s for s in steps if s.kind == "environment"]
-    by_sample: dict[int, list[Any]] = {}
-    for s in sorted(steps, key=lambda s: (s.sample_id, s.index)):
-        by_sample.setdefault(s.sample_id, []).append(s)
-    gaps = [b.enqueued_at - a.finished_at for rows in by_sample.values() for a, b in zip(rows, rows[1:], strict=False)]
 
     def m(xs: list[float]) -> float:
         return mean(xs) / scale if xs else 0.0
@@ -80,10 +76,18 @@ def breakdown(steps: list[Any], span: float, scale: float) -> Breakdown:
         environment_s=m([s.finished_at - s.started_at for s in env]),
         inference_wait_s=m([s.started_at - s.enqueued_at for s in inf]),
         environment_wait_s=m([s.started_at - s.enqueued_at for s in env]),
-        gap_s=m(gaps),
+        gap_s=m(_gaps(steps)),
         prompt_tokens=int(sum(s.prompt_tokens or 0 for s in inf)),
         cached_tokens=int(sum(s.cached_prompt_tokens or 0 for s in inf)),
     )
+
+
+def _gaps(steps: list[Any]) -> list[float]:
+    """Per sample, from each step's end to its next step being enqueued."""
+    by_sample: dict[int, list[Any]] = {}
+    for s in sorted(steps, key=lambda s: (s.sample_id, s.index)):
+        by_sample.setdefault(s.sample_id, []).append(s)
+    return [b.enqueued_at - a.finished_at for rows in by_sample.values() for a, b in zip(rows, rows[1:], strict=False)]
 
 
 # --- the two clocks -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import time
 
 from agentbatch.planning import concurrency_for_profile
 from agentbatch.sim.profiles import get_profile
-from agentbatch.sim.virtual_time import VirtualConfig, simulate
+from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
 from agentbatch.traces.generators import generate, get_family
 
 CASES = [
@@ -55,7 +55,9 @@ def run_case(family: str, profile_name: str, samples: int, no_prefix: bool, seed
     rows = []
     for n in grid:
         t = time.perf_counter()
-        res = simulate(trace, VirtualConfig(workers=1, profile=profile, max_active=n, env_slots=10**6))
+        # no driver cap on requests in flight and no request priority: the engine alone decides
+        res = simulate(trace, VirtualConfig(workers=1, profile=profile, max_active=n, env_slots=10**6,
+                                            per_worker_inflight=None, priority=PolicySpec("fcfs")))
         s = res.summary
         rows.append(
             {

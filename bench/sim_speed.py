@@ -17,7 +17,8 @@ from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
 from agentbatch.traces import generate
 
 CONFIG = VirtualConfig(workers=8, env_slots=256, max_active=2048, router=PolicySpec("trajectory_aware"),
-                       env_queue=PolicySpec("caas"), priority=PolicySpec("chain_progress"))  # fmt: skip
+                       env_queue=PolicySpec("caas"), priority=PolicySpec("chain_progress"),
+                       per_worker_inflight=None)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
