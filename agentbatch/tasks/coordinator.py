@@ -94,9 +94,12 @@ class Coordinator:
         For inference steps the chosen worker is left in `ticket.worker`."""
         return await self._acquire(ticket)
 
-    def release(self, ticket: StepTicket, slot: str) -> None:
-        """The step ended: the sample's progress advances and the slot goes to the next waiter."""
-        self._deliver(self.core.complete(ticket, slot, self.clock()))
+    def release(self, ticket: StepTicket, slot: str, *, completed: bool = True) -> None:
+        """The step ended: the slot goes to the next waiter and, when it `completed`, the sample's
+        progress advances (steps done + 1, attained service + the time since the grant). Callers
+        do not count progress themselves."""
+        now = self.clock()
+        self._deliver(self.core.complete(ticket, slot, now) if completed else self.core.release(ticket, slot, now))
 
     def request_priority(self, sample: SampleProgress) -> int | None:
         return self.core.request_priority(sample)
