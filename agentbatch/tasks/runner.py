@@ -101,14 +101,16 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             if gate is not None and coordinator is not None:
                 slot = await coordinator.acquire(ticket)
                 parameters[gate.slot] = slot
+            state = None
             try:
-                return await run_task_async(
+                state = await run_task_async(
                     task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
                     return_type="state", dependencies=dependencies,
                 )
+                return state
             finally:
-                if slot is not None and coordinator is not None:
-                    coordinator.release(ticket, slot)
+                if slot is not None and coordinator is not None:  # progress only for a completed step
+                    coordinator.release(ticket, slot, completed=state is not None and state.is_completed())
 
         def done(t: asyncio.Task[Any]) -> None:
             self._tasks.discard(t)
