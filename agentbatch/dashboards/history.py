@@ -108,9 +108,9 @@ def run_figures(store: Store, batch_id: int) -> RunFigures:
     )
 
 
-def suite_history(store: Store, key: str, limit: int | None = None) -> list[RunFigures]:
-    """The suite's runs, oldest first (the last `limit` when given)."""
-    runs = db_history.suite_runs(store, key)
+def suite_history(store: Store, key: str, limit: int | None = None, up_to: int | None = None) -> list[RunFigures]:
+    """The suite's runs, oldest first (the last `limit` when given; none after batch `up_to`)."""
+    runs = [r for r in db_history.suite_runs(store, key) if up_to is None or r.batch_id <= up_to]
     if limit is not None:
         runs = runs[-limit:]
     return [run_figures(store, r.batch_id) for r in runs]
@@ -327,7 +327,7 @@ def history_figure(runs: list[RunFigures]) -> go.Figure:
 def history_section_html(store: Store, batch_id: int, limit: int = HISTORY_RUNS) -> str:
     """The report's "History" section: the suite's runs up to this batch (table and chart)."""
     key = db_history.ensure_suite_row(store, batch_id).suite_key
-    runs = [r for r in suite_history(store, key) if r.batch_id <= batch_id][-limit:]
+    runs = suite_history(store, key, limit=limit, up_to=batch_id)
     parts = [f"<h2>History (suite {html.escape(key)})</h2>"]
     if len(runs) < 2:
         parts.append("<p>First run of this suite: nothing to compare yet. `agentbatch history` lists a "
