@@ -25,6 +25,7 @@ from agentbatch.db.models import (
     StepStatus,
     Worker,
 )
+from agentbatch.protocols.secrets import redact_text, redact_value
 
 
 @dataclass(slots=True)
@@ -293,6 +294,6 @@ class Store:
             if worker is None:
                 worker = Worker(batch_id=batch_id, name=name, kind=kind)
                 s.add(worker)
-            worker.endpoint = endpoint if endpoint is not None else worker.endpoint
-            worker.settings = settings if settings is not None else worker.settings
-            worker.metrics = metrics if metrics is not None else worker.metrics
+            worker.endpoint = redact_text(endpoint) if endpoint is not None else worker.endpoint
+            worker.settings = redact_value(settings) if settings is not None else worker.settings
+            worker.metrics = redact_value(metrics) if metrics is not None else worker.metrics

@@ -37,7 +37,9 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> int:
-    print(f"agentbatch: error: {message}", file=sys.stderr)
+    from agentbatch.protocols.secrets import redact_text  # a URL password or known key in a message: ***
+
+    print(f"agentbatch: error: {redact_text(message)}", file=sys.stderr)
     return code
 
 

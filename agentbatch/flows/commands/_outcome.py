@@ -33,6 +33,20 @@ def check_fail_on_error(text: str | None) -> str | None:
     return None
 
 
+def batch_problem(store: Store, batch_id: int) -> str | None:
+    """Why BATCH_ID cannot run from this store (unknown id, a secret reference not set), or None."""
+    from agentbatch.protocols.secrets import MissingSecret, from_stored, redact_text
+
+    batch = store.get_batch(batch_id)
+    if batch is None:
+        return f"no batch {batch_id} in {redact_text(store.url)}"
+    try:
+        from_stored(batch.config)
+    except MissingSecret as exc:
+        return f"batch {batch_id}: config {exc}"
+    return None
+
+
 def busy_now(store: Store, batch_id: int) -> str | None:
     """The message for a batch whose every unfinished sample another live process drives."""
     from agentbatch.db.leases import SampleLeases

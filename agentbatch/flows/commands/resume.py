@@ -9,6 +9,7 @@ from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect
 from agentbatch.flows.commands._inputs import shown_url, stored_config_error, writer_inputs_error
 from agentbatch.flows.commands._outcome import (
     add_fail_on_error,
+    batch_problem,
     busy_now,
     check_fail_on_error,
     finish_command,
@@ -47,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     row = store.get_batch(args.batch_id)
     error = f"no batch {args.batch_id} in {shown_url(store.url)}" if row is None else stored_config_error(
         row.config, args.batch_id)
-    if error:
+    if error := error or batch_problem(store, args.batch_id):  # unknown id; a secret reference not set
         store.close()
         return fail(error)
     if args.retry_failed:

@@ -6,8 +6,10 @@ import argparse
 from pathlib import Path
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._inputs import stored_config_error, writer_inputs_error
 from agentbatch.flows.commands._outcome import (
     add_fail_on_error,
+    batch_problem,
     busy_now,
     check_fail_on_error,
     finish_command,
@@ -33,13 +35,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if error := check_fail_on_error(args.fail_on_error):
         return fail(error)
+    if error := writer_inputs_error(args.db, args.report, must_exist=True):
+        return fail(error)
     quiet_prefect_defaults()
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import resume_batch
 
     store = Store(args.db)
-    if store.get_batch(args.batch_id) is None:
-        return fail(f"no batch {args.batch_id} in {store.url}")
+    row = store.get_batch(args.batch_id)
+    error = None if row is None else stored_config_error(row.config, args.batch_id)
+    if error := error or batch_problem(store, args.batch_id):  # unknown id; a secret reference not set
+        store.close()
+        return fail(error)
     if message := busy_now(store, args.batch_id):
         return fail(message)
     n = store.reset_failed(args.batch_id)

@@ -1,0 +1,102 @@
+"""Finding 5: no secret stored or printed.
+
+A batch against a real HTTP engine (the simulated server) whose endpoint has an API key and a URL
+with a password runs to its end; the planted secrets appear nowhere: not in the store's file (every
+table), not in the terminal output with debug logging on, not in the report, not in the flow run's
+parameters on the Prefect server. The store keeps environment references instead; a `resume` in a
+process without them names the variable to set, and one given in the config as `${VAR}` stays one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from reliability_helpers import bfcl_config, cli_env, run_cli, write_config
+
+from agentbatch.db.store import Store
+from agentbatch.engines.sim_server import running_sim_server
+
+pytestmark = [pytest.mark.slow]
+KEY = "sk-PLANTED-9f3a7c21e4"
+URL_PASSWORD = "pw-PLANTED-55d0b2"
+ENV_KEY = "envkey-PLANTED-0c4e"
+
+
+def store_text(path: Path) -> str:
+    """Every row of every table, as text (plus the raw bytes of the files, decoded loosely)."""
+    con = sqlite3.connect(path)
+    dump = "\n".join(con.iterdump())
+    con.close()
+    raw = "".join(p.read_bytes().decode("latin-1") for p in path.parent.glob(path.name + "*"))
+    return dump + raw
+
+
+def flow_run_parameters(api_url: str) -> str:
+    import httpx
+
+    runs = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200}, timeout=30).json()
+    return "\n".join(str(r.get("parameters")) for r in runs)
+
+
+def test_planted_secrets_are_nowhere(tmp_path: Path, prefect_api: str) -> None:
+    db = tmp_path / "s.sqlite"
+    url = f"sqlite:///{db}"
+    with running_sim_server("tiny-cpu", worker_name="sim-s") as base:
+        host = base.removeprefix("http://")
+        cfg = bfcl_config("secrets", limit=2)
+        cfg["engine"] = {"kind": "openai", "params": {"endpoints": [
+            {"name": "sim-s", "base_url": f"http://agent:{URL_PASSWORD}@{host}", "model": "tiny-cpu", "api_key": KEY},
+        ]}}
+        done = run_cli(["-v", "run", str(write_config(tmp_path, cfg)), "--no-progress", "--report",
+                        str(tmp_path / "report")], url)
+        assert done.returncode in (0, 1), done.stdout + done.stderr  # the model's text fails the checker
+        store = Store(url)
+        batch = store.list_batches()[0]
+        assert all(s.status == "completed" for s in store.samples(batch.id))  # the key and URL worked
+        endpoint = batch.config["engine"]["params"]["endpoints"][0]
+        assert endpoint["api_key"] == "${AGENTBATCH_SECRET_ENGINE_PARAMS_ENDPOINTS_0_API_KEY}"
+        assert "${AGENTBATCH_SECRET_" in endpoint["base_url"]
+        store.close()
+
+        places = {
+            "store": store_text(db),
+            "terminal": done.stdout + done.stderr,
+            "report": "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "report").rglob("*")
+                              if p.is_file()),
+            "prefect parameters": flow_run_parameters(prefect_api),
+        }
+        assert "HTTP Request" in places["terminal"] or "batch" in places["terminal"]
+        for where, text in places.items():
+            for secret in (KEY, URL_PASSWORD):
+                assert secret not in text, f"{secret} found in the {where}"
+
+        # another process without the references: told which variable to set, nothing run
+        again = run_cli(["resume", str(batch.id), "--no-progress"], url)
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert "AGENTBATCH_SECRET_ENGINE_PARAMS_ENDPOINTS_0_API_KEY" in again.stderr
+        assert KEY not in again.stdout + again.stderr
+
+
+def test_env_reference_stays_a_reference(tmp_path: Path, prefect_api: str) -> None:
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    with running_sim_server("tiny-cpu", worker_name="sim-r") as base:
+        cfg = bfcl_config("secret-ref", limit=1)
+        cfg["engine"] = {"kind": "openai", "params": {"endpoints": [
+            {"name": "sim-r", "base_url": base, "model": "tiny-cpu", "api_key": "${PLANTED_API_KEY}"}]}}
+        env = cli_env(url, PLANTED_API_KEY=ENV_KEY)
+        done = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "-v", "run",
+                               str(write_config(tmp_path, cfg)), "--no-progress"], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode in (0, 1), done.stdout + done.stderr
+        assert ENV_KEY not in done.stdout + done.stderr
+        store = Store(url)
+        batch = store.list_batches()[0]
+        assert batch.config["engine"]["params"]["endpoints"][0]["api_key"] == "${PLANTED_API_KEY}"
+        assert all(s.status == "completed" for s in store.samples(batch.id))
+        store.close()
+    assert ENV_KEY not in store_text(tmp_path / "r.sqlite")
