@@ -15,20 +15,27 @@ Which to use (measured by bench/live_throughput.py; docs/scale-out.md has the fi
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
+from prefect.futures import PrefectConcurrentFuture
 from prefect.utilities.annotations import quote
 
 from agentbatch.db.models import Sample, SampleStatus
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
-from agentbatch.tasks.chain import direct_executor, run_sample
+from agentbatch.tasks.chain import StepExecutor, direct_executor, run_sample
 from agentbatch.tasks.runner import gated
 from agentbatch.tasks.step_events import StepEvents
 from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
+
+log = logging.getLogger(__name__)
 
 _TASK_OPTIONS: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
 
@@ -51,18 +58,59 @@ async def environment_task(ticket: StepTicket, run: SampleRun, batch: BatchConte
     await execute_step(batch, run, ticket, slot, task_run_id=_task_run_id())
 
 
+@dataclass(eq=False)
+class ChainOutcome:
+    """What the chain's own code saw, whatever Prefect records: Prefect's bookkeeping around a task run
+    (tag concurrency slots, state changes) can fail on a busy server (e.g. 503) before or after the
+    body; the sample must not fail for that."""
+
+    started: bool = False
+    status: SampleStatus | None = None
+
+
 @task(name="sample-chain", task_run_name="sample-{sample.index}-{sample.task_id}", **_TASK_OPTIONS)
-async def sample_chain_task(sample: Sample, progress: SampleProgress, batch: BatchContext) -> str:
-    return str(await run_sample(batch, sample, progress, direct_executor, admitted=True))
+async def sample_chain_task(sample: Sample, progress: SampleProgress, batch: BatchContext,
+                            outcome: ChainOutcome | None = None) -> str:
+    outcome = outcome or ChainOutcome()
+    outcome.started = True
+    outcome.status = await run_sample(batch, sample, progress, direct_executor, admitted=True)
+    return str(outcome.status)
+
+
+async def _chain_state(future: PrefectConcurrentFuture[Any]) -> State | Exception:
+    try:
+        return await asyncio.wrap_future(future.wrapped_future)
+    except Exception as exc:  # noqa: BLE001 - Prefect raised around the task run (e.g. slot acquisition)
+        return exc
+
+
+async def _settle(state: State | Exception, outcome: ChainOutcome, sample: Sample,
+                  run_directly: Callable[[], Awaitable[SampleStatus]]) -> SampleStatus:
+    """The sample's status from its chain; a task run that Prefect could not start runs the chain
+    without Prefect instead of failing the sample."""
+    if outcome.status is not None:
+        return outcome.status
+    refused = isinstance(state, Exception) or state.is_failed() or state.is_crashed()
+    if not outcome.started and refused:
+        error = state if isinstance(state, Exception) else await state.aresult(raise_on_failure=False)
+        log.warning("sample %s: Prefect could not start its task run (%s); running the chain without it",
+                    sample.index, error)
+        return await run_directly()
+    if isinstance(state, Exception):
+        raise state
+    return SampleStatus(await state.aresult(raise_on_failure=True))
 
 
 async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> None:
     """Steps mode: submit the step as a Prefect task run; the custom task runner gates it."""
     step_task = inference_task if ticket.kind == StepKind.INFERENCE else environment_task
     # quote(): Prefect must not walk the conversation and the batch's objects looking for futures
+    index = run.state.step_index
     future = step_task.submit(ticket=ticket, run=quote(run), batch=quote(batch))
     state = await asyncio.wrap_future(future.wrapped_future)
-    if state.is_failed():
+    if run.state.step_index != index:  # the step completed; a Prefect error after it does not matter
+        return
+    if state.is_failed() or state.is_crashed():
         exc = await state.aresult(raise_on_failure=False)
         if isinstance(exc, StepFailed | asyncio.CancelledError):
             raise exc
@@ -72,10 +120,12 @@ async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: Ste
 async def run_sample_lean(batch: BatchContext, sample: Sample, progress: SampleProgress) -> SampleStatus:
     """Lean mode: admit, then one Prefect task run for the whole chain."""
     await batch.coordinator.admit(progress)
-    future = sample_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch))
-    state = await asyncio.wrap_future(future.wrapped_future)
-    value = await state.aresult(raise_on_failure=True)
-    return SampleStatus(value)
+    outcome = ChainOutcome()
+    future = sample_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
+                                      outcome=quote(outcome))
+    state = await _chain_state(future)
+    return await _settle(state, outcome, sample,
+                         lambda: run_sample(batch, sample, progress, direct_executor, admitted=True))
 
 
 _EMITTERS: weakref.WeakKeyDictionary[BatchContext, StepEvents] = weakref.WeakKeyDictionary()
@@ -91,10 +141,16 @@ def step_events(batch: BatchContext) -> StepEvents:
 
 
 @task(name="sample-chain", task_run_name="sample-{sample.index}-{sample.task_id}", **_TASK_OPTIONS)
-async def visible_chain_task(sample: Sample, progress: SampleProgress, batch: BatchContext) -> str:
+async def visible_chain_task(sample: Sample, progress: SampleProgress, batch: BatchContext,
+                             outcome: ChainOutcome | None = None) -> str:
     """A sample chain whose steps carry this task run's id and are listed in step events."""
-    task_run_id = _task_run_id()
+    outcome = outcome or ChainOutcome()
+    outcome.started = True
+    outcome.status = await run_sample(batch, sample, progress, _executor_for(_task_run_id()), admitted=True)
+    return str(outcome.status)
 
+
+def _executor_for(task_run_id: str | None) -> StepExecutor:
     async def execute(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> None:
         slot = await batch.coordinator.acquire(ticket)
         try:
@@ -102,7 +158,7 @@ async def visible_chain_task(sample: Sample, progress: SampleProgress, batch: Ba
         finally:
             batch.coordinator.release(ticket, slot)
 
-    return str(await run_sample(batch, sample, progress, execute, admitted=True))
+    return execute
 
 
 async def run_sample_visible(batch: BatchContext, sample: Sample, progress: SampleProgress) -> SampleStatus:
@@ -111,8 +167,11 @@ async def run_sample_visible(batch: BatchContext, sample: Sample, progress: Samp
     emitter.enter()
     try:
         await batch.coordinator.admit(progress)
-        future = visible_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch))
-        state = await asyncio.wrap_future(future.wrapped_future)
-        return SampleStatus(await state.aresult(raise_on_failure=True))
+        outcome = ChainOutcome()
+        future = visible_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
+                                           outcome=quote(outcome))
+        state = await _chain_state(future)
+        return await _settle(state, outcome, sample,
+                             lambda: run_sample(batch, sample, progress, _executor_for(None), admitted=True))
     finally:
         emitter.exit()
