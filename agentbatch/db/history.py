@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import ForeignKey, Integer, String, distinct, func, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from agentbatch.db import models as _models  # noqa: F401  (the batches table its rows point at)
 from agentbatch.db.base import Base
 from agentbatch.db.models import Batch, BatchStatus, Sample, SampleStatus
 
+log = logging.getLogger(__name__)
 SUITE_KEY_CHARS = 16
 PRIOR_RUNS = 10  # the suite's most recent earlier runs its priors are averaged over
 FINISHED = (BatchStatus.COMPLETED, "completed_with_failures")
@@ -90,9 +93,12 @@ def ensure_suite_row(store: Any, batch_id: int) -> SuiteRun:
     ids = _task_ids(store, batch_id)
     row = SuiteRun(batch_id=batch_id, suite_key=config_suite_key(config, ids),
                    workload_kind=str((config.get("workload") or {}).get("kind", "")), tasks=len(ids))
-    with store.session() as s, s.begin():
-        if s.get(SuiteRun, batch_id) is None:  # another process may have written it meanwhile
-            s.add(row)
+    try:
+        with store.session() as s, s.begin():
+            if s.get(SuiteRun, batch_id) is None:  # another process may have written it meanwhile
+                s.add(row)
+    except DBAPIError as exc:  # a read-only store: the key is still right, just not kept
+        log.debug("cannot record the suite of batch %s: %s", batch_id, exc)
     return row
 
 
