@@ -1,5 +1,6 @@
 """Orchestration overhead per step: the same BFCL chains in plain asyncio, through the Prefect flow
-(one task run per step), and in lean mode (one task run per sample chain), in one run.
+(one task run per step), in chains mode (the default: one task run per sample chain, steps as batched
+Prefect events) and in lean mode (one task run per sample chain), in one run.
 
 The engine is the scripted one with no waiting, so the time is agentbatch + Prefect + the store +
 the real bfcl backends and checker; the plain-asyncio run is the baseline that has all of it but
@@ -36,7 +37,7 @@ def config(samples: int, mode: str) -> BatchConfig:
 
 
 def measure(store: Store, samples: int, mode: str) -> tuple[float, float, int]:
-    batch_id = create_batch(config(samples, "lean" if mode == "lean" else "steps"), store)
+    batch_id = create_batch(config(samples, "steps" if mode == "plain" else mode), store)
     wall, cpu = time.perf_counter(), time.process_time()
     if mode == "plain":
         asyncio.run(execute_batch(store, batch_id, use_prefect=False, show_progress=False))
@@ -59,7 +60,7 @@ def main() -> int:
     measure(store, 2, "steps")  # warm-up: starts Prefect's temporary server, imports, caches
     small = max(2, args.samples // 5)
     rows = {mode: (measure(store, small, mode), measure(store, args.samples, mode))
-            for mode in ("plain", "steps", "lean")}
+            for mode in ("plain", "steps", "chains", "lean")}
     (_, _, base_small), (base_wall, _, steps) = rows["plain"]
     base_marginal = (base_wall - rows["plain"][0][0]) / (steps - base_small)
     print(f"{args.samples} BFCL samples = {steps} steps per run ({small} samples = {base_small} steps for the "
