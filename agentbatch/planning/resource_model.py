@@ -62,12 +62,11 @@ and throughput arithmetic), `reference` (N_ref from pool capacities, e.g. a simu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agentbatch.planning.demand import (
-    BusyBatch,
     Demand,
     Goodput,
     RecomputePoint,
@@ -371,7 +370,13 @@ def _n_mem(c: _Context, rows: _Rows) -> int:
     return n_mem
 
 
-def _busy(c: _Context, rows: _Rows) -> tuple[BusyBatch, int]:
+@dataclass(frozen=True)
+class _BusyBound:
+    step: Callable[[float], float]  # decode step time at running batch B (for the goodput pick)
+    n_busy: int
+
+
+def _busy(c: _Context, rows: _Rows) -> _BusyBound:
     busy = busy_batch(c.shape, c.hw, c.wl.mean_context, c.opts)
     b_busy, how = busy.batch, busy.how
     if c.opts.target_running is not None:
@@ -380,12 +385,12 @@ def _busy(c: _Context, rows: _Rows) -> tuple[BusyBatch, int]:
              f"{c.opts.busy_fraction:g} of asymptotic decode tokens/s")  # fmt: skip
     n_busy = math.ceil(b_busy / (1 - c.wl.env_fraction))
     rows.add("N_busy", "ceil(B_busy / (1 - f))", n_busy, "samples")
-    return busy, n_busy
+    return _BusyBound(busy.step, n_busy)
 
 
-def _n_goodput(c: _Context, busy: BusyBatch, n_mem: int, n_busy: int, rows: _Rows) -> int | None:
+def _n_goodput(c: _Context, busy: _BusyBound, n_mem: int, rows: _Rows) -> int | None:
     """Step 5: past N_mem where the predicted goodput says so (None when it does not apply)."""
-    wl, opts = c.wl, c.opts
+    wl, opts, n_busy = c.wl, c.opts, busy.n_busy
     n_cap = min(n_busy, wl.num_samples or n_busy)
     if not (opts.allow_recompute and n_cap > n_mem and wl.output_tokens and wl.new_tokens is not None):
         return None
@@ -415,8 +420,9 @@ _BOUND_NAMES = {"memory": "N_mem", "goodput": "N_goodput", "busy": "N_busy", "ba
 
 def _pick(c: _Context, rows: _Rows) -> _Pick:
     n_mem = _n_mem(c, rows)
-    busy, n_busy = _busy(c, rows)
-    n_good = _n_goodput(c, busy, n_mem, n_busy, rows)
+    busy = _busy(c, rows)
+    n_busy = busy.n_busy
+    n_good = _n_goodput(c, busy, n_mem, rows)
     candidates = {"memory": n_mem, "busy": n_busy}
     if n_good is not None and n_good > n_mem:
         candidates = {"goodput": n_good, "busy": n_busy}

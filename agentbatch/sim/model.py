@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from dataclasses import dataclass, field
 
 from agentbatch.sim.block_pool import BlockPool
 from agentbatch.sim.profiles import EngineProfile
@@ -67,6 +68,16 @@ from agentbatch.sim.requests import (
 from agentbatch.sim.state_pool import StatePool
 
 __all__ = ["EngineModel", "IterationResult", "RequestStats", "SimRequest"]
+
+
+@dataclass(slots=True)
+class _StepPlan:
+    """What one engine step has scheduled so far: its prefill chunks, the token budget left, and the
+    requests it preempted (a step that preempted admits nobody)."""
+
+    budget: int = 0
+    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    preempted: int = 0
 
 
 class EngineModel:
@@ -143,14 +154,13 @@ class EngineModel:
         """Schedule one engine step at `now` and return its duration and the requests that finish
         at `now + duration`."""
         it = self._iter
-        preempted = self._grow_decodes(it)
+        step = _StepPlan(preempted=self._grow_decodes(it))
         self._alloc_iter = it  # from here on, this step's decode blocks are taken
-        budget = self.profile.max_num_batched_tokens - len(self._decode)
-        scheduled: list[ScheduledChunk] = []
-        budget, preempted_now = self._continue_prefills(it, budget, scheduled)
-        preempted += preempted_now
-        if not preempted:  # no admission in a step that preempted, like vLLM
-            self._admit_waiting(now, budget, scheduled)
+        step.budget = self.profile.max_num_batched_tokens - len(self._decode)
+        self._continue_prefills(it, step)
+        if not step.preempted:  # no admission in a step that preempted, like vLLM
+            self._admit_waiting(now, step)
+        scheduled = step.scheduled
 
         # the cost of the step
         prefill_tokens = pairs = 0
@@ -176,7 +186,7 @@ class EngineModel:
         c.iterations_total += 1
         c.busy_s_total += duration
         self._iter = it + 1
-        return IterationResult(duration, finished, prefill_tokens, n_decode, attended, preempted)
+        return IterationResult(duration, finished, prefill_tokens, n_decode, attended, step.preempted)
 
     def metrics(self) -> dict[str, float]:
         c = self.counters
@@ -249,47 +259,43 @@ class EngineModel:
         thr = self.profile.long_prefill_token_threshold
         return min(n, thr) if thr > 0 else n
 
-    def _schedule(self, r: EngineRequest, n: int, scheduled: list[ScheduledChunk]) -> None:
+    def _schedule(self, r: EngineRequest, n: int, step: _StepPlan) -> None:
         self._blocks.insert(r, r.num_computed + n)
-        scheduled.append(ScheduledChunk(r, n, r.version, n * r.num_computed + n * (n + 1) // 2))
+        step.scheduled.append(ScheduledChunk(r, n, r.version, n * r.num_computed + n * (n + 1) // 2))
+        step.budget -= n
 
-    def _continue_prefills(self, it: int, budget: int, scheduled: list[ScheduledChunk]) -> tuple[int, int]:
-        """Running partial prefills continue, in admission order. Returns (budget left, preemptions)."""
-        preempted = 0
+    def _continue_prefills(self, it: int, step: _StepPlan) -> None:
+        """Running partial prefills continue, in admission order."""
         for r in list(self._prefill) if self._prefill else ():
-            if budget <= 0:
+            if step.budget <= 0:
                 break
             if r.state != PREFILL:
                 continue
-            n = self._chunk(r.num_tokens - r.num_computed, budget)
+            n = self._chunk(r.num_tokens - r.num_computed, step.budget)
             need = -(-(r.num_computed + n) // self.bs) - (r.tree_blocks + r.private)
             while need > 0 and not self._blocks.alloc(need):
                 victim = self._victim()
                 self._preempt(victim, it)
-                preempted += 1
+                step.preempted += 1
                 if victim is r:
-                    return budget, preempted
+                    return
             if need > 0:
                 r.private += need
-            self._schedule(r, n, scheduled)
-            budget -= n
-        return budget, preempted
+            self._schedule(r, n, step)
 
-    def _admit_waiting(self, now: float, budget: int, scheduled: list[ScheduledChunk]) -> None:
+    def _admit_waiting(self, now: float, step: _StepPlan) -> None:
         max_seqs = self.profile.max_num_seqs
         states = self._states
-        while budget > 0 and len(self._decode) + len(self._prefill) < max_seqs:
+        while step.budget > 0 and len(self._decode) + len(self._prefill) < max_seqs:
             r = self._waiting.peek()
             if r is None:
                 break
             if states.hybrid and states.free_slots <= 0:
                 break  # the state pool is full: the request waits for a slot
-            if not self._admit(r, budget, now):
+            if not self._admit(r, step.budget, now):
                 break
             self._waiting.pop()
-            n = self._chunk(r.num_tokens - r.num_computed, budget)
-            self._schedule(r, n, scheduled)
-            budget -= n
+            self._schedule(r, self._chunk(r.num_tokens - r.num_computed, step.budget), step)
 
     def _apply_prefills(self, scheduled: list[ScheduledChunk], it: int, end: float,
                         finished: list[RequestStats]) -> int:
