@@ -12,7 +12,7 @@ from agentbatch.db import history
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, execute_batch
 from agentbatch.flows.config import BatchConfig
-from agentbatch.flows.deployments import OverrideError, apply_overrides, find_secrets
+from agentbatch.flows.overrides import OverrideError, apply_overrides, find_secrets
 
 
 def run_plain(store: Store, data: dict) -> int:
@@ -77,6 +77,7 @@ def test_overrides_set_dotted_fields_and_are_validated() -> None:
 
 def test_deploy_refuses_bad_input_before_registering(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("AGENTBATCH_PREFECT_SERVER", "ephemeral")  # no local server either
     path = write_config(tmp_path / "eval.yaml", config())
     assert cli("deploy", str(path), "--name", "n", "--interval", "30", "--param", "scheduling.env_slots=-1") == 2
     assert "scheduling.env_slots" in capsys.readouterr().err

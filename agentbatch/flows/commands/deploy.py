@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
 
-SERVER_HINT = ("deployments live on a running Prefect server: start one (`prefect server start`) and set "
-               "PREFECT_API_URL=http://HOST:4200/api; Prefect's temporary server lives only as long as one "
-               "command, so nothing would ever fire the schedule")
+if TYPE_CHECKING:  # Prefect is imported only after the server is chosen
+    from agentbatch.flows.deployments import DeploySpec
+
+SERVER_HINT = ("deployments live on a running Prefect server: `agentbatch server start` (a local one), or "
+               "`prefect server start` and PREFECT_API_URL=http://HOST:4200/api; Prefect's temporary server "
+               "lives only as long as one command, so nothing would ever fire the schedule")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _db_parameter(db: str | None) -> str | None:
     """What the deployment stores as the store URL; never a password (parameters are plain text)."""
     from agentbatch.db.engine import resolve_url
-    from agentbatch.flows.deployments import find_secrets
+    from agentbatch.flows.overrides import find_secrets
 
     if db:
         if find_secrets(db):
@@ -64,15 +68,29 @@ def _db_parameter(db: str | None) -> str | None:
     return resolve_url(None)  # the SQLite file this command would use, as an absolute path
 
 
-def _check_server() -> str | None:
-    import httpx
-    from prefect.settings import PREFECT_API_URL
+def pick_server() -> str | None:
+    """Choose the Prefect API before Prefect is imported: PREFECT_API_URL, else agentbatch's local
+    server (`agentbatch server`; started in the background when it is not running). Returns the
+    problem when there is no server to use."""
+    from agentbatch.flows.commands._launch import start_prefect
 
-    url = PREFECT_API_URL.value()
-    if not url:
-        return f"PREFECT_API_URL is not set; {SERVER_HINT}"
+    if start_prefect().url is None:
+        return f"AGENTBATCH_PREFECT_SERVER=ephemeral: {SERVER_HINT}"
+    return None
+
+
+def server_ready() -> str | None:
+    """Wait for a local server that is starting, then check that the API answers."""
+    import httpx
+
+    from agentbatch.flows.commands._launch import ready_prefect, start_prefect
+
+    api = start_prefect()  # the same choice as pick_server: the server is up or starting by now
+    if problem := ready_prefect(api, quiet=True):
+        return problem
+    url = (api.url or "").rstrip("/")
     try:
-        httpx.get(f"{url.rstrip('/')}/health", timeout=10).raise_for_status()
+        httpx.get(f"{url}/health", timeout=10).raise_for_status()
     except httpx.HTTPError as exc:
         return f"the Prefect server at {url} does not answer ({exc.__class__.__name__}); {SERVER_HINT}"
     return None
@@ -80,33 +98,33 @@ def _check_server() -> str | None:
 
 def main(args: argparse.Namespace) -> int:
     from agentbatch.flows.config import ConfigError, load_config
-    from agentbatch.flows.deployments import DeploySpec, OverrideError, apply_overrides, find_secrets
+    from agentbatch.flows.overrides import OverrideError, apply_overrides, find_secrets
 
     if args.interval is not None and args.interval <= 0:
         return fail(f"--interval: expected a positive number of seconds, got {args.interval:g}")
     try:
         config, tag = apply_overrides(load_config(args.config), args.param)
-    except (ConfigError, OverrideError) as exc:
-        return fail(str(exc))
-    quiet_prefect_defaults()
-    from agentbatch.db.history import config_suite_key
-    from agentbatch.flows.batch import workload_tasks
-
-    try:
         db = _db_parameter(args.db)
-    except ValueError as exc:
+    except (ConfigError, OverrideError, ValueError) as exc:
         return fail(str(exc))
-    try:  # the workload's task list: the suite, and a workload that cannot run is caught here
-        tasks = workload_tasks(config)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
-        return fail(f"{args.config}: {exc}")
     data = config.model_dump(mode="json")
     secrets = find_secrets(data)
     if secrets and not args.by_path:
         return fail(f"{args.config}: {', '.join(secrets)} look(s) like secrets, and deployment parameters are "
                     "stored in plain text on the Prefect server; deploy with --by-path (the file is read where "
                     "each run executes) or leave them out")
-    if problem := _check_server():
+    quiet_prefect_defaults()
+    if problem := pick_server():
+        return fail(problem)
+    from agentbatch.db.history import config_suite_key
+    from agentbatch.flows.batch import workload_tasks
+    from agentbatch.flows.deployments import DeploySpec
+
+    try:  # the workload's task list: the suite, and a workload that cannot run is caught here
+        tasks = workload_tasks(config)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        return fail(f"{args.config}: {exc}")
+    if problem := server_ready():
         return fail(problem)
     params = {"tag": tag, "db_url": db, "score_threshold": args.threshold,
               "makespan_threshold": args.makespan_threshold,
@@ -119,11 +137,11 @@ def main(args: argparse.Namespace) -> int:
                      config_suite_key(data, [t[0] for t in tasks]), len(tasks))
 
 
-def _register(args: argparse.Namespace, spec: object, suite: str, n_tasks: int) -> int:
+def _register(args: argparse.Namespace, spec: DeploySpec, suite: str, n_tasks: int) -> int:
     from agentbatch.flows.deployments import FLOW_NAME, deploy
 
     try:
-        deployment_id = deploy(spec)  # type: ignore[arg-type]
+        deployment_id = deploy(spec)
     except ValueError as exc:  # a bad cron expression or deployment name, an unknown work pool
         return fail(f"cannot register the deployment: {exc}")
     when = f"cron {args.cron!r}" if args.cron else f"every {args.interval:g} s"

@@ -26,12 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     import asyncio
 
-    from agentbatch.flows.commands.deploy import _check_server
+    from agentbatch.flows.commands.deploy import pick_server, server_ready
 
     if args.limit < 0 or args.poll <= 0:
         return fail("--limit must be 0 or more and --poll positive")
     quiet_prefect_defaults()
-    if problem := _check_server():
+    if problem := pick_server() or server_ready():
         return fail(problem)
     from agentbatch.flows.deployments import FLOW_NAME, serve, served_deployments
 
