@@ -25,11 +25,22 @@ import inspect
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from agentbatch.environments.capacity import CapacityLimiter
 from agentbatch.environments.docker_env import tool_calls_of
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
+from agentbatch.environments.mcp_tasks import (
+    TaskFile,
+    ToolFilter,
+    injected_args,
+    load_scorer,
+    load_task_file,
+    recorded_calls,
+    sample_context,
+    score_with_plugin,
+    strip_injected,
+)
 from agentbatch.protocols.engine import Message, ToolSchema
 from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, RecordedTurn, TaskSpec
 
@@ -40,10 +51,12 @@ BFCL_SERVER = "agentbatch.environments.mcp_servers.bfcl_server"
 class Toolset:
     """The tools of a set of connections, as the model sees them, and where each one lives."""
 
-    def __init__(self, connections: list[McpConnection]) -> None:
+    def __init__(self, connections: list[McpConnection], tools: ToolFilter | None = None,
+                 injected: Sequence[str] = ()) -> None:
         self.connections = connections
         self.route: dict[str, tuple[McpConnection, str]] = {}
         self.schemas: list[ToolSchema] = []
+        self.hidden: set[str] = set()  # callable by the harness only (state tools, tools_hide patterns)
         counts: dict[str, int] = {}
         for conn in connections:
             for tool in conn.tools:
@@ -52,7 +65,8 @@ class Toolset:
             for tool in conn.tools:
                 exposed = tool.name if counts[tool.name] == 1 else f"{conn.spec.name}__{tool.name}"
                 self.route[exposed] = (conn, tool.name)
-                if tool.name.startswith(HIDDEN_PREFIX):
+                if tool.name.startswith(HIDDEN_PREFIX) or (tools is not None and not tools.visible(exposed)):
+                    self.hidden.add(exposed)
                     continue
                 self.schemas.append(
                     {
@@ -60,20 +74,22 @@ class Toolset:
                         "function": {
                             "name": exposed,
                             "description": tool.description or "",
-                            "parameters": tool.input_schema or {"type": "object", "properties": {}},
+                            "parameters": strip_injected(tool.input_schema or {"type": "object", "properties": {}},
+                                                         injected),
                         },
                     }
                 )
 
 
-async def open_toolset(specs: Sequence[McpServerSpec], call_timeout_s: float) -> Toolset:
+async def open_toolset(specs: Sequence[McpServerSpec], call_timeout_s: float, tools: ToolFilter | None = None,
+                       injected: Sequence[str] = ()) -> Toolset:
     conns = [McpConnection(s, call_timeout_s=call_timeout_s) for s in specs]
     try:
         await asyncio.gather(*(c.start() for c in conns))
     except BaseException:
         await asyncio.gather(*(c.close() for c in conns), return_exceptions=True)
         raise
-    return Toolset(conns)
+    return Toolset(conns, tools, injected)
 
 
 class McpEnvironment:
@@ -87,6 +103,8 @@ class McpEnvironment:
         self.history: list[Message] = []  # assistant messages whose steps completed
         self.call_log: list[dict[str, Any]] = []  # (name, start, end, error) of each call, for reports
         self._dirty = False
+        self.final_text: str | None = None  # the last answer without tool calls (for a scorer plugin)
+        self.injected = injected_args(workload.inject, sample_context(task, workload.batch_label))
 
     def _turns(self) -> list[Message]:
         return [m if isinstance(m, dict) else {"role": "user", "content": str(m)} for m in self.task.data["turns"]]
@@ -101,7 +119,8 @@ class McpEnvironment:
             self.toolset = await self.workload.shared_toolset()
             return self.toolset
         specs = [s.formatted(self.task.data.get("server_params", {})) for s in self.workload.specs]
-        self.toolset = await open_toolset(specs, self.workload.call_timeout_s)
+        self.toolset = await open_toolset(specs, self.workload.call_timeout_s, self.workload.tool_filter,
+                                          list(self.workload.inject))
         try:  # rebuild the servers' state from this sample's completed turns (after a failure)
             for assistant in self.history:
                 await self._run_calls(assistant, record=False)
@@ -125,6 +144,7 @@ class McpEnvironment:
     async def step(self, assistant: Message) -> EnvResult:
         if not assistant.get("tool_calls"):
             self.history.append(assistant)
+            self.final_text = assistant.get("content")
             self.turn += 1
             turns = self._turns()
             if self.turn < len(turns):
@@ -146,7 +166,7 @@ class McpEnvironment:
         calls = tool_calls_of(assistant)
 
         async def one(call_id: str, name: str, args: dict[str, Any] | None, error: str | None) -> tuple[Message, bool]:
-            target = self.toolset.route.get(name) if self.toolset else None
+            target = self.toolset.route.get(name) if self.toolset and name not in self.toolset.hidden else None
             if error or target is None:
                 text = f"error: {error}" if error else f"error: unknown tool {name!r}"
                 return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text}, True
@@ -154,10 +174,12 @@ class McpEnvironment:
             loop = asyncio.get_running_loop()
             async with self.workload.calls.slot():
                 start = loop.time()
-                res = await conn.call(tool_name, args or {})
+                res = await conn.call(tool_name, {**(args or {}), **self.injected})
                 end = loop.time()
-            if record:
-                self.call_log.append({"name": name, "start": start, "end": end, "error": bool(res.is_error)})
+            if record:  # per call: its latency, and its result for a scorer plugin
+                self.call_log.append({"name": name, "arguments": args, "start": start, "end": end,
+                                      "latency_s": end - start, "error": bool(res.is_error),
+                                      "content": result_text(res)})
             msg = {"role": "tool", "tool_call_id": call_id, "name": name, "content": result_text(res)}
             return msg, bool(res.is_error)
 
@@ -178,12 +200,15 @@ class McpEnvironment:
     async def restore(self, pairs: list[RecordedTurn]) -> None:
         assistants = [assistant for assistant, _ in pairs]
         self.history = list(assistants)
+        self.call_log, self.final_text = recorded_calls(pairs)  # recorded results, for a scorer plugin
         self.turn = sum(1 for a in assistants if not a.get("tool_calls"))
         if self.workload.per_sample:
             await self._drop_toolset()  # fresh servers, then the recorded calls re-run
         await self._ensure_toolset()
 
     async def score(self) -> dict[str, Any]:
+        if self.workload.scorer is not None:
+            return await score_with_plugin(self, await self._ensure_toolset())
         check = self.task.data.get("check")
         if not check:
             return {"score": 0.0, "reason": "task has no check"}
@@ -214,6 +239,8 @@ class McpWorkload:
     tasks: list of {id, turns: [user text, ...], system?, ground_truth?, check?, server_params?}.
     preset: "bfcl" (with category, limit, ids) instead of servers/tasks.
     per_sample: a server set per sample (default: shared by the whole batch; bfcl: per sample).
+    task_file, tools_allow, tools_hide, inject, scorer, state_tool: for servers you did not write
+    (see mcp_tasks.py); restore_mode: "external" when the servers keep the state (never re-executed).
     max_calls: tool calls at once over the batch (None: unlimited); call_timeout_s: per call.
     parallel_calls: run one assistant message's calls concurrently (default: in order).
     """
@@ -232,6 +259,14 @@ class McpWorkload:
         max_calls: int | None = None,
         call_timeout_s: float = 60.0,
         parallel_calls: bool = False,
+        task_file: TaskFile | None = None,
+        tools_allow: list[str] | None = None,
+        tools_hide: list[str] | None = None,
+        inject: dict[str, str] | None = None,
+        scorer: str | None = None,
+        state_tool: str | None = None,
+        restore_mode: Literal["replay", "external"] = "replay",
+        batch_label: str | None = None,
     ) -> None:
         if preset == "bfcl":
             servers = servers or [
@@ -244,15 +279,20 @@ class McpWorkload:
         if not servers:
             raise ValueError("mcp: give servers (or preset='bfcl')")
         self.specs = [McpServerSpec.from_params(s) for s in servers]
+        tasks = list(tasks or []) + (load_task_file(task_file) if task_file else [])
         self._tasks = [
-            TaskSpec(task_id=str(t["id"]), data={k: v for k, v in t.items() if k != "id"}) for t in (tasks or [])
+            TaskSpec(task_id=str(t["id"]), data={k: v for k, v in t.items() if k != "id"}, group=str(t.get("group") or ""))
+            for t in tasks
         ]
+        self.tool_filter = ToolFilter(tuple(tools_allow or ()), tuple(tools_hide or ()))
+        self.inject, self.batch_label, self.state_tool = dict(inject or {}), batch_label, state_tool
+        self.scorer = load_scorer(scorer) if scorer else None
         self.per_sample = bool(per_sample)
         self.calls = CapacityLimiter(max_calls, "mcp-calls")
         self.call_timeout_s = call_timeout_s
         self.parallel_calls = parallel_calls
         # "replay": servers started per sample hold the state; "external": it lives elsewhere.
-        self.restore_mode = "replay"
+        self.restore_mode = restore_mode
         self._shared: Toolset | None = None
         self._shared_lock = asyncio.Lock()
 
@@ -267,7 +307,7 @@ class McpWorkload:
             if self._shared is None or not all(c.alive for c in self._shared.connections):
                 if self._shared is not None:  # a shared server died: start the set again
                     await asyncio.gather(*(c.close() for c in self._shared.connections), return_exceptions=True)
-                self._shared = await open_toolset(self.specs, self.call_timeout_s)
+                self._shared = await open_toolset(self.specs, self.call_timeout_s, self.tool_filter, list(self.inject))
             return self._shared
 
     async def aclose(self) -> None:
