@@ -35,11 +35,11 @@ from agentbatch.environments.mcp_tasks import (
     ToolFilter,
     injected_args,
     load_scorer,
-    load_task_file,
     recorded_calls,
     sample_context,
     score_with_plugin,
     strip_injected,
+    task_specs,
 )
 from agentbatch.protocols.engine import Message, ToolSchema
 from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, RecordedTurn, TaskSpec
@@ -279,14 +279,10 @@ class McpWorkload:
         if not servers:
             raise ValueError("mcp: give servers (or preset='bfcl')")
         self.specs = [McpServerSpec.from_params(s) for s in servers]
-        tasks = list(tasks or []) + (load_task_file(task_file) if task_file else [])
-        self._tasks = [
-            TaskSpec(task_id=str(t["id"]), data={k: v for k, v in t.items() if k != "id"}, group=str(t.get("group") or ""))
-            for t in tasks
-        ]
-        self.tool_filter = ToolFilter(tuple(tools_allow or ()), tuple(tools_hide or ()))
+        self._tasks = task_specs(tasks, task_file)
+        self.tool_filter = ToolFilter.of(tools_allow, tools_hide)
         self.inject, self.batch_label, self.state_tool = dict(inject or {}), batch_label, state_tool
-        self.scorer = load_scorer(scorer) if scorer else None
+        self.scorer = load_scorer(scorer)
         self.per_sample = bool(per_sample)
         self.calls = CapacityLimiter(max_calls, "mcp-calls")
         self.call_timeout_s = call_timeout_s

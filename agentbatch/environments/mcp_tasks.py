@@ -98,10 +98,21 @@ def load_task_file(spec: TaskFile | Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def task_specs(tasks: Sequence[Mapping[str, Any]] | None, task_file: TaskFile | Mapping[str, Any] | None) -> list[TaskSpec]:
+    """The workload's tasks: the inline ones, then the task file's."""
+    rows = list(tasks or []) + (load_task_file(task_file) if task_file else [])
+    return [TaskSpec(task_id=str(t["id"]), data={k: v for k, v in t.items() if k != "id"}, group=str(t.get("group") or ""))
+            for t in rows]
+
+
 @dataclass(frozen=True, slots=True)
 class ToolFilter:
     allow: tuple[str, ...] = ()  # empty: every tool
     hide: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, allow: Sequence[str] | None, hide: Sequence[str] | None) -> ToolFilter:
+        return cls(tuple(allow or ()), tuple(hide or ()))
 
     def visible(self, name: str) -> bool:
         allowed = not self.allow or any(fnmatch.fnmatchcase(name, p) for p in self.allow)
@@ -138,9 +149,9 @@ class ScoreInput:
     state: Any = None  # the state tool's result (JSON-decoded when it is JSON), or None
 
 
-def load_scorer(target: str) -> Callable[[ScoreInput], Any]:
+def load_scorer(target: str | None) -> Callable[[ScoreInput], Any] | None:
     """The scorer plugin ("package.module:function"); a PluginError (ValueError) when it cannot be imported."""
-    return load_target(target)
+    return load_target(target) if target else None
 
 
 async def score_with_plugin(env: Any, toolset: Any) -> dict[str, Any]:

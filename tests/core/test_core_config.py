@@ -48,5 +48,25 @@ def test_bad_workload_params_write_nothing(tmp_path: Path, capsys) -> None:
 
 
 def test_resume_unknown_batch(tmp_path: Path, capsys) -> None:
-    assert main(["resume", "99", "--db", f"sqlite:///{tmp_path / 's.sqlite'}"]) == 2
+    missing = tmp_path / "s.sqlite"
+    assert main(["resume", "99", "--db", f"sqlite:///{missing}"]) == 2
+    assert "no store at" in capsys.readouterr().err and not missing.exists()  # resume never creates one
+    from agentbatch.db.store import Store
+
+    Store(f"sqlite:///{missing}").close()
+    assert main(["resume", "99", "--db", f"sqlite:///{missing}"]) == 2
     assert "no batch 99" in capsys.readouterr().err
+
+
+def test_strict_types_and_whole_config_in_one_pass(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "many.yaml"
+    path.write_text("name: x\nscheduling: {env_slots: true}\nlimits: {step_timeout_s: .inf}\n"
+                    "engine: {params: {workers: 0}}\nworkload: {params: {limt: 2}}\n")
+    assert main(["run", str(path), "--db", f"sqlite:///{tmp_path / 's.sqlite'}"]) == 2
+    err = capsys.readouterr().err
+    # the schema's problems first; the plugins' params are checked once the schema holds
+    assert "scheduling.env_slots" in err and "limits.step_timeout_s" in err and "Traceback" not in err
+    path.write_text("name: x\nengine: {params: {workers: 0}}\nworkload: {params: {limt: 2}}\n")
+    assert main(["run", str(path), "--db", f"sqlite:///{tmp_path / 's.sqlite'}"]) == 2
+    err = capsys.readouterr().err
+    assert "engine.params.workers" in err and "workload.params.limt" in err and "2 problem(s)" in err
