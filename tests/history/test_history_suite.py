@@ -91,3 +91,20 @@ def test_deploy_refuses_bad_input_before_registering(tmp_path, capsys, monkeypat
     assert cli("deploy", str(path), "--name", "n", "--interval", "30", "--db", f"sqlite:///{tmp_path}/x.sqlite") == 2
     assert "temporary server" in capsys.readouterr().err
     assert not (tmp_path / "x.sqlite").exists()
+
+
+def test_history_and_diff_commands(store: Store, capsys) -> None:
+    first = run_plain(store, config())
+    assert cli("history", "--db", store.url) == 0
+    key = history.suite_row(store, first).suite_key
+    assert f"suite {key}  bfcl, 4 tasks, 1 run(s), last batch {first}; names nightly" in capsys.readouterr().out
+    assert cli("history", "no-such-suite", "--db", store.url) == 2
+    assert "no suite, deployment or batch named 'no-such-suite'" in capsys.readouterr().err
+    assert cli("diff", str(first), "--db", store.url) == 2  # a suite's first run: nothing before it
+    assert "first finished run" in capsys.readouterr().err
+    assert cli("diff", str(first), "999", "--db", store.url) == 2
+    assert "no batch with id 999" in capsys.readouterr().err
+    second = run_plain(store, config())
+    assert cli("diff", str(second), "--db", store.url) == 0  # against the previous run of the suite
+    out = capsys.readouterr().out
+    assert f"batch {first} (scripted" in out and "regressions: 0 task(s)" in out
