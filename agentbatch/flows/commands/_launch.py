@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,9 +58,11 @@ def ready_prefect(api: PrefectApi, quiet: bool = False) -> str | None:
 
 def shown_url(url: str) -> str:
     """The store URL as the user should type it again: absolute SQLite path, no password."""
+    from agentbatch.flows.commands._inputs import shown_url as without_password
+
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and "file:" not in url:
         url = f"sqlite:///{Path(url.removeprefix('sqlite:///')).resolve()}"
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    return without_password(url)
 
 
 def db_flag(url: str) -> str:
