@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentbatch.db.gateway_records import StepStart
+from agentbatch.db.gateway_records import StepKey, StepStart
 from agentbatch.gateway.forward import WorkerPool
 from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.gateway.samples import GatewaySample, SampleRegistry
@@ -65,12 +65,23 @@ class HeldSlot:
     slot: str
     started_at: float = 0.0
 
+    attempt: int = 0
+
+    @property
+    def key(self) -> StepKey:
+        return StepKey(self.sample.row, self.ticket.step_index, self.attempt)
+
+    @property
+    def kind(self) -> str:
+        return self.ticket.kind.value
+
     def start(self, batch_id: int, request: dict[str, Any] | None, started_at: float) -> StepStart:
+        """The record of the next attempt, starting now."""
         self.started_at = started_at
+        self.attempt += 1
         worker = self.ticket.worker if self.ticket.kind == StepKind.INFERENCE else self.slot
-        return StepStart(batch_id=batch_id, sample_id=self.sample.row_id, index=self.ticket.step_index,
-                         kind=self.ticket.kind.value, enqueued_at=self.ticket.enqueued_at, started_at=started_at,
-                         request=request, worker=worker)
+        return StepStart(batch_id=batch_id, key=self.key, kind=self.kind, enqueued_at=self.ticket.enqueued_at,
+                         started_at=started_at, request=request, worker=worker)
 
 
 async def acquire_step(state: GatewayState, sample: GatewaySample, kind: StepKind) -> HeldSlot:

@@ -26,7 +26,7 @@ from agentbatch.gateway.identity import inference_sample_key
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
 from agentbatch.scheduling.types import StepKind
 
-SendResult = tuple[Any, httpx.Response | None, str | None]  # (step future, response, error)
+SendResult = tuple[httpx.Response | None, str | None]  # (response, error when none came)
 
 
 def error_response(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
@@ -56,21 +56,21 @@ async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any], recor
     client = state.pool.clients[worker]
     delays = [state.settings.backoff_s * 2**i for i in range(state.settings.retries)]
     for attempt in range(len(delays) + 1):
-        step = state.recorder.begin(held.start(state.batch_id, record, state.clock()))
+        state.recorder.begin(held.start(state.batch_id, record, state.clock()))
         last = attempt == len(delays)
         try:
             resp = await client.send(client.build_request("POST", "/chat/completions", json=body), stream=True)
         except httpx.HTTPError as exc:
             error = f"{worker}: {exc.__class__.__name__}: {exc}"
-            state.recorder.fail(step, error, state.clock())
+            state.recorder.fail(held.key, error, state.clock())
             if last:
-                return step, None, error
+                return None, error
         else:
             if resp.status_code < 500 or last:
-                return step, resp, None
+                return resp, None
             await resp.aread()
             await resp.aclose()
-            state.recorder.fail(step, f"{worker}: HTTP {resp.status_code}: {resp.text[:300]}", state.clock())
+            state.recorder.fail(held.key, f"{worker}: HTTP {resp.status_code}: {resp.text[:300]}", state.clock())
         await asyncio.sleep(delays[attempt])
     raise AssertionError("unreachable")
 
@@ -82,7 +82,7 @@ def _done(state: GatewayState, held: HeldSlot, *, completed: bool, answered: boo
     state.counters.failed += not completed
 
 
-async def _answer(state: GatewayState, held: HeldSlot, step: Any, resp: httpx.Response) -> Response:
+async def _answer(state: GatewayState, held: HeldSlot, resp: httpx.Response) -> Response:
     """A whole (non-streamed) answer: record it and hand it back unchanged."""
     try:
         await resp.aread()
@@ -90,22 +90,22 @@ async def _answer(state: GatewayState, held: HeldSlot, step: Any, resp: httpx.Re
         await resp.aclose()
     finished = state.clock()
     if resp.status_code >= 400:
-        state.recorder.fail(step, f"{held.ticket.worker}: HTTP {resp.status_code}: {resp.text[:300]}", finished)
+        state.recorder.fail(held.key, f"{held.ticket.worker}: HTTP {resp.status_code}: {resp.text[:300]}", finished)
         _done(state, held, completed=False)
         return Response(resp.content, status_code=resp.status_code, media_type="application/json")
     try:
         data = resp.json()
         message = data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError):
-        state.recorder.fail(step, f"{held.ticket.worker}: malformed answer: {resp.text[:300]}", finished)
+        state.recorder.fail(held.key, f"{held.ticket.worker}: malformed answer: {resp.text[:300]}", finished)
         _done(state, held, completed=False)
         return error_response(502, f"worker {held.ticket.worker} sent a malformed answer", "BadGatewayError")
-    state.recorder.complete(step, outcome_of(data, None, held.ticket.worker or ""), finished)
+    state.recorder.complete(held.key, held.kind, outcome_of(data, None, held.ticket.worker or ""), finished)
     _done(state, held, completed=True, answered=is_answer(message))
     return Response(resp.content, status_code=resp.status_code, media_type="application/json")
 
 
-def _stream(state: GatewayState, held: HeldSlot, step: Any, resp: httpx.Response, keep_usage: bool) -> Response:
+def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usage: bool) -> Response:
     """Pass the worker's SSE events through as they come; record the rebuilt answer at the end."""
     acc = StreamAccumulator()
     state.counters.streamed += 1
@@ -123,10 +123,10 @@ def _stream(state: GatewayState, held: HeldSlot, step: Any, resp: httpx.Response
             await resp.aclose()
             finished = state.clock()
             if completed:
-                state.recorder.complete(step, outcome_of(acc.data(), acc.message(), held.ticket.worker or ""),
-                                        finished)
+                outcome = outcome_of(acc.data(), acc.message(), held.ticket.worker or "")
+                state.recorder.complete(held.key, held.kind, outcome, finished)
             else:
-                state.recorder.fail(step, "stream interrupted", finished)
+                state.recorder.fail(held.key, "stream interrupted", finished)
             _done(state, held, completed=completed, answered=completed and is_answer(acc.message()))
 
     return StreamingResponse(events(), status_code=resp.status_code, media_type="text/event-stream")
@@ -157,13 +157,13 @@ def chat_completions(state: GatewayState) -> Callable[[Request], Any]:
         worker = held.ticket.worker or ""
         priority = state.coordinator.request_priority(sample.progress)
         forward = state.pool.body_for(worker, body, priority=priority, user=key)
-        step, resp, error = await _send(state, held, forward, request_record(sample, body, priority))
+        resp, error = await _send(state, held, forward, request_record(sample, body, priority))
         if resp is None:
             _done(state, held, completed=False)
             return error_response(502, f"worker {worker} unreachable: {error}", "BadGatewayError")
         if body.get("stream") and resp.status_code < 400:
-            return _stream(state, held, step, resp, bool((body.get("stream_options") or {}).get("include_usage")))
-        return await _answer(state, held, step, resp)
+            return _stream(state, held, resp, bool((body.get("stream_options") or {}).get("include_usage")))
+        return await _answer(state, held, resp)
 
     return handle
 

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from agentbatch.db import gateway_records as records
 from agentbatch.db.store import Store
 from agentbatch.gateway.recorder import StepRecorder
@@ -36,7 +38,7 @@ class SampleEnd:
 @dataclass(eq=False)
 class GatewaySample:
     key: str
-    row_id: int
+    row: records.SampleRef  # its `samples` row (the id is set once written)
     progress: SampleProgress
     next_index: int = 0
     admitted: bool = False
@@ -53,12 +55,12 @@ class GatewaySample:
         return index
 
 
-def _prior(store: Store, key: str, batch_id: int) -> float | None:
-    return store.prior_chain_lengths([key], exclude_batch_id=batch_id).get(key)
-
-
-def _create(store: Store, batch_id: int, key: str) -> tuple[int, float | None]:
-    return records.add_sample(store, batch_id, key, {"gateway": True}), _prior(store, key, batch_id)
+def _create(session: Session, store: Store, batch_id: int, sample: GatewaySample) -> None:
+    """Write the sample's row; look up its mean chain length in earlier batches (the key as task
+    id), which later priorities use (its first request goes out without it)."""
+    records.add_sample(session, sample.row, batch_id, sample.key, {"gateway": True})
+    sample.progress.prior_chain_steps = store.prior_chain_lengths([sample.key], exclude_batch_id=batch_id).get(
+        sample.key)
 
 
 class SampleRegistry:
@@ -70,7 +72,6 @@ class SampleRegistry:
         self.end_on_answer = end_on_answer
         self.clock = clock
         self.samples: dict[str, GatewaySample] = {}
-        self._creating: dict[str, asyncio.Future[GatewaySample]] = {}
         self._arrivals = itertools.count()
         self.ended = 0  # sample ends so far (a sample that ran again counts again)
 
@@ -78,33 +79,21 @@ class SampleRegistry:
     def active(self) -> int:
         return sum(1 for s in self.samples.values() if s.admitted)
 
-    async def get(self, key: str) -> GatewaySample:
-        """The sample of `key`, created (one awaited store write) on first sight."""
+    def get(self, key: str) -> GatewaySample:
+        """The sample of `key`, created on first sight (its row is written in the background)."""
         sample = self.samples.get(key)
-        if sample is not None:
-            return sample
-        pending = self._creating.get(key)
-        if pending is not None:  # another request of the same new sample is creating it
-            return await asyncio.shield(pending)
-        future: asyncio.Future[GatewaySample] = asyncio.get_running_loop().create_future()
-        self._creating[key] = future
-        try:
-            row_id, prior = await self.recorder.call(_create, self.batch_id, key)
-            sample = GatewaySample(key=key, row_id=row_id, last_active=self.clock(), progress=SampleProgress(
-                sample_id=row_id, task_id=key, arrival_seq=next(self._arrivals), prior_chain_steps=prior))
+        if sample is None:
+            seq = next(self._arrivals)
+            # The coordinator keys samples by an id of this process; the store row id comes later.
+            sample = GatewaySample(key=key, row=records.SampleRef(), last_active=self.clock(),
+                                   progress=SampleProgress(sample_id=seq, task_id=key, arrival_seq=seq))
             self.samples[key] = sample
-            future.set_result(sample)
-            return sample
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
-            raise
-        finally:
-            del self._creating[key]
+            self.recorder.submit(_create, self.recorder.store, self.batch_id, sample)
+        return sample
 
     async def enter(self, key: str) -> GatewaySample:
         """Before a step: the sample, admitted (waiting for an admission slot if it has none)."""
-        sample = await self.get(key)
+        sample = self.get(key)
         sample.in_flight += 1
         sample.last_active = self.clock()
         try:
@@ -114,7 +103,7 @@ class SampleRegistry:
                         await self.coordinator.admit(sample.progress)
                         sample.admitted = True
                         sample.pending_end = None
-                        self.recorder.submit(records.admit_sample_at, sample.row_id, self.clock())
+                        self.recorder.submit(records.admit_sample_at, sample.row, self.clock())
         except BaseException:
             sample.in_flight -= 1
             raise
@@ -162,5 +151,5 @@ class SampleRegistry:
             self.ended += 1
             self.coordinator.finish(sample.progress)
         result = {"ended": end.reason, **(end.result or {})}
-        self.recorder.submit(records.end_sample, sample.row_id, self.clock(), score=end.score, result=result,
+        self.recorder.submit(records.end_sample, sample.row, self.clock(), score=end.score, result=result,
                              error=end.error)

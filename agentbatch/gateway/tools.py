@@ -78,18 +78,18 @@ class ToolGateway:
             state.registry.leave(sample)
             raise
         record = {"tool": name, "server": conn.spec.name, "arguments": arguments}
-        step = state.recorder.begin(held.start(state.batch_id, record, state.clock()))
+        state.recorder.begin(held.start(state.batch_id, record, state.clock()))
         result: types.CallToolResult | None = None
         try:
             result = await conn.call(upstream_name, arguments)
             # Stamped before the slot is given back: recorded intervals never overlap more than the slots.
-            state.recorder.complete(step, _outcome(result, held.slot), state.clock())
+            state.recorder.complete(held.key, held.kind, _outcome(result, held.slot), state.clock())
         except EnvironmentFailure as exc:
-            state.recorder.fail(step, str(exc), state.clock())
+            state.recorder.fail(held.key, str(exc), state.clock())
             state.counters.tool_failures += 1
             return _error_result(f"tool {name!r} failed: {exc}")
         except BaseException as exc:
-            state.recorder.fail(step, f"{exc.__class__.__name__}: {exc}", state.clock())
+            state.recorder.fail(held.key, f"{exc.__class__.__name__}: {exc}", state.clock())
             raise
         finally:
             release_step(state, held, completed=result is not None)
