@@ -77,7 +77,7 @@ async def sample_chain_task(sample: Sample, progress: SampleProgress, batch: Bat
     return str(outcome.status)
 
 
-async def _chain_state(future: PrefectConcurrentFuture[Any]) -> State | Exception:
+async def _task_state(future: PrefectConcurrentFuture[Any]) -> State | Exception:
     try:
         return await asyncio.wrap_future(future.wrapped_future)
     except Exception as exc:  # noqa: BLE001 - Prefect raised around the task run (e.g. slot acquisition)
@@ -107,8 +107,13 @@ async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: Ste
     # quote(): Prefect must not walk the conversation and the batch's objects looking for futures
     index = run.state.step_index
     future = step_task.submit(ticket=ticket, run=quote(run), batch=quote(batch))
-    state = await asyncio.wrap_future(future.wrapped_future)
+    state = await _task_state(future)
     if run.state.step_index != index:  # the step completed; a Prefect error after it does not matter
+        return
+    if isinstance(state, Exception):  # Prefect could not run the task run (e.g. a busy server's 503)
+        log.warning("step %s of sample %s: Prefect could not run its task run (%s); running it without",
+                    ticket.step_index, run.sample_id, state)
+        await direct_executor(batch, run, ticket)
         return
     if state.is_failed() or state.is_crashed():
         exc = await state.aresult(raise_on_failure=False)
@@ -123,7 +128,7 @@ async def run_sample_lean(batch: BatchContext, sample: Sample, progress: SampleP
     outcome = ChainOutcome()
     future = sample_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
                                       outcome=quote(outcome))
-    state = await _chain_state(future)
+    state = await _task_state(future)
     return await _settle(state, outcome, sample,
                          lambda: run_sample(batch, sample, progress, direct_executor, admitted=True))
 
@@ -170,7 +175,7 @@ async def run_sample_visible(batch: BatchContext, sample: Sample, progress: Samp
         outcome = ChainOutcome()
         future = visible_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
                                            outcome=quote(outcome))
-        state = await _chain_state(future)
+        state = await _task_state(future)
         return await _settle(state, outcome, sample,
                              lambda: run_sample(batch, sample, progress, _executor_for(None), admitted=True))
     finally:

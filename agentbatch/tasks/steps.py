@@ -183,6 +183,7 @@ async def execute_step(
     delays = batch.retry.delays(ticket.kind)
     first = run.prior_attempts.get(ticket.step_index, 0) + 1
     for attempt in range(len(delays) + 1):
+        run.prior_attempts[ticket.step_index] = first + attempt  # numbered once, even if retried elsewhere
         try:
             await _attempt(batch, run, ticket, slot, task_run_id, first + attempt)
             break

@@ -44,7 +44,7 @@ def refusing_store(prefect_api: str, sqlite_url: str) -> Iterator[Store]:
         asyncio.run(limit(None))
 
 
-@pytest.mark.parametrize("mode", ["lean", "chains"])
+@pytest.mark.parametrize("mode", ["lean", "chains", "steps"])
 def test_refused_task_runs_do_not_fail_samples(refusing_store: Store, mode: str) -> None:
     config = BatchConfig.model_validate({
         "name": f"refused-{mode}",
