@@ -31,23 +31,10 @@ def write_config(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def wrong_engine_kind(monkeypatch: Any) -> str:
-    """The test engine's kind: the "module:Object" form where the config accepts it, else a name
-    registered in the engine table (how engines were registered before plugins)."""
-    from agentbatch.engines import registry
-    from agentbatch.flows.config import BatchConfig
-
-    monkeypatch.syspath_prepend(str(HERE))
-    try:
-        BatchConfig.model_validate(config({"kind": WRONG_ENGINE_OBJECT, "params": {"timing": NO_WAIT}}))
-        return WRONG_ENGINE_OBJECT
-    except ValueError:
-        monkeypatch.setitem(registry.ENGINES, "wrong_two", WRONG_ENGINE_OBJECT)
-        return "wrong_two"
-
-
 def wrong_engine(monkeypatch: Any) -> dict[str, Any]:
-    return {"kind": wrong_engine_kind(monkeypatch), "params": {"timing": NO_WAIT, "wrong_tasks": WRONG}}
+    """The test engine, named in the config by the "module:Object" kind form (this folder importable)."""
+    monkeypatch.syspath_prepend(str(HERE))
+    return {"kind": WRONG_ENGINE_OBJECT, "params": {"timing": NO_WAIT, "wrong_tasks": WRONG}}
 
 
 def cli(*argv: str) -> int:

@@ -1,6 +1,6 @@
 """A test engine that answers a chosen set of tasks wrongly: the scripted engine, except that for the
 task ids in `wrong_tasks` it ends every turn at once without a tool call (the bfcl checker then
-scores the task 0). Registered through the config as an engine kind (see test_history_diff.py)."""
+scores the task 0). A config names it as engine kind "wrong_engine:build_wrong_workers"."""
 
 from __future__ import annotations
 
