@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from agentbatch.dashboards.inert import cell_inert, md_inert
 from agentbatch.db.store import Store
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def _clean(v: Any) -> Any:
     """JSON-safe table cell: no NaN/inf, floats rounded for reading."""
     if isinstance(v, float):
         return None if not math.isfinite(v) else round(v, 4)
-    return v
+    return cell_inert(v) if isinstance(v, str) else v  # names and ids: text, never markup
 
 
 def _fmt(x: float | None, unit: str = "s") -> str:
@@ -128,7 +129,7 @@ def _fmt(x: float | None, unit: str = "s") -> str:
 
 def summary_markdown(summary: Any, report_path: Path | None) -> str:
     lb = summary.lower_bound
-    lines = [f"# agentbatch batch {summary.batch_id}: {summary.name}", "",
+    lines = [f"# agentbatch batch {summary.batch_id}: {md_inert(summary.name)}", "",
              f"**{summary.samples_completed}/{summary.samples_total} completed**, {summary.samples_failed} failed "
              f"({summary.status})", ""]
     if report_path is not None:
@@ -148,8 +149,8 @@ def summary_markdown(summary: Any, report_path: Path | None) -> str:
     if summary.critical:
         lines += ["", "## Samples that finished last", "", "| sample | task | finished | steps | chain | waited on |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {c.sample_id} | {c.task_id} | {c.finished_s:.1f} s | {c.steps} | {c.chain_s:.1f} s | "
-                  f"{c.waited_on} ({c.waits.get(c.waited_on, 0.0):.1f} s) |" for c in summary.critical]
+        lines += [f"| {c.sample_id} | {md_inert(c.task_id)} | {c.finished_s:.1f} s | {c.steps} | {c.chain_s:.1f} s | "
+                  f"{md_inert(c.waited_on)} ({c.waits.get(c.waited_on, 0.0):.1f} s) |" for c in summary.critical]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from agentbatch.dashboards.analytics import BatchAnalysis
 from agentbatch.dashboards.compare import compare
 from agentbatch.dashboards.frames import load_batch
 from agentbatch.dashboards.history import history_section_html
+from agentbatch.dashboards.inert import with_csp
 from agentbatch.dashboards.summary import BatchSummary, summary_from_analysis
 from agentbatch.db.store import Store
 
@@ -150,5 +151,5 @@ def write_report_for(analyses: list[BatchAnalysis], out_dir: Path, store: Store 
             f"<style>{_CSS}</style><script type=\"text/javascript\">{get_plotlyjs()}</script></head>"
             f"<body>{''.join(parts)}</body></html>")
     index = out_dir / "index.html"
-    index.write_text(page, encoding="utf-8")
+    index.write_text(with_csp(page), encoding="utf-8")  # only the report's own scripts may run
     return index

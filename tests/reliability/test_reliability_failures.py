@@ -134,7 +134,7 @@ def _free_port() -> int:
 
 
 def _serve_sim(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([*CLI, "serve-sim", "--port", str(port), "--time-scale", "0.2"],
+    proc = subprocess.Popen([*CLI, "serve-sim", "--profile", "tiny-cpu", "--port", str(port), "--time-scale", "0.2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     import httpx
 
