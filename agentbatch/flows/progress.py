@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -34,8 +35,17 @@ def resolve_mode(show_progress: bool | str | None, stream: IO[str] | None = None
         return show_progress
     if show_progress is None:
         stream = stream if stream is not None else sys.stderr
-        return "bar" if getattr(stream, "isatty", lambda: False)() else "log"
+        return "bar" if getattr(stream, "isatty", lambda: False)() and _columns(stream) > 0 else "log"
     return "bar" if show_progress else "off"
+
+
+def _columns(stream: IO[str]) -> int:
+    """The terminal's width; 0 for a terminal without a size (e.g. a pty under `script`), where a
+    bar would draw nothing."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 @dataclass

@@ -4,8 +4,11 @@ heartbeat it keeps in the store; throttled log forwarding."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import struct
+import termios
 import time
 
 import pytest
@@ -18,6 +21,8 @@ def test_mode_follows_the_stream():
     master, slave = os.openpty()  # a real terminal device
     try:
         with os.fdopen(slave, "w") as tty:
+            assert resolve_mode(None, tty) == "log"  # a new pty has no size: a bar would draw nothing
+            fcntl.ioctl(tty.fileno(), termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
             assert resolve_mode(None, tty) == "bar"
     finally:
         os.close(master)
