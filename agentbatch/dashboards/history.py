@@ -205,8 +205,9 @@ class RunDiff:
         lines = [f"diff: batch {b.batch_id} ({b.tag}, {b.date}) -> batch {a.batch_id} ({a.tag}, {a.date})"]
         if not self.same_suite:
             lines.append("  note: different suites; tasks compared on the task ids both ran")
-        lines.append(f"  regressed  {len(self.regressed)}: " + ", ".join(c.task_id for c in self.regressed[:20]))
-        lines.append(f"  fixed      {len(self.fixed)}: " + ", ".join(c.task_id for c in self.fixed[:20]))
+        for label, changes in (("regressed", self.regressed), ("fixed", self.fixed)):
+            ids = ", ".join(c.task_id for c in changes[:20]) + (", ..." if len(changes) > 20 else "")
+            lines.append(f"  {label:<10} {len(changes)}" + (f": {ids}" if ids else ""))
         if self.only_before or self.only_after:
             lines.append(f"  only in {b.batch_id}: {len(self.only_before)}; only in {a.batch_id}: {len(self.only_after)}")
         for g in self.groups:
