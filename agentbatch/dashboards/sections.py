@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from agentbatch.dashboards import groups
 from agentbatch.dashboards.analytics import BatchAnalysis
 
 # The knobs that decide a run's schedule, as (label, path in the stored config).
@@ -95,15 +96,16 @@ def task_scores(a: BatchAnalysis, limit: int = MAX_TASK_ROWS) -> pd.DataFrame:
 
 
 def group_scores(a: BatchAnalysis) -> pd.DataFrame:
-    """Per task group (suite/category; samples.task_group): counts and mean score. Empty without groups."""
-    sm = a.samples
-    if "task_group" not in sm or sm["task_group"].isna().all():
+    """Per task group (suite/category; samples.task_group, dashboards/groups.py): samples, scored,
+    failed and mean score. Empty without groups."""
+    per = groups.group_scores(a.samples.itertuples(index=False))
+    if not per:
         return pd.DataFrame()
-    g = sm.assign(task_group=sm["task_group"].fillna("(none)")).groupby("task_group")
-    out = pd.DataFrame({
-        "samples": g.size(), "completed": g["status"].apply(lambda s: int((s == "completed").sum())),
-        "failed": g["status"].apply(lambda s: int((s == "failed").sum())), "mean score": g["score"].mean(),
-    })
+    sm = a.samples
+    failed = sm[sm["status"] == "failed"].groupby("task_group").size()
+    out = pd.DataFrame.from_dict(
+        {g: {"samples": s.samples, "scored": s.scored, "failed": int(failed.get(g, 0)), "mean score": s.mean}
+         for g, s in per.items()}, orient="index")
     out.index.name = "group"
     return out
 
