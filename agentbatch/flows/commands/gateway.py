@@ -129,7 +129,8 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
     gateway = Gateway(store, build_coordinator(config, [e.name for e in endpoints]), endpoints,
                       batch=batch, upstreams=upstreams,
                       settings=GatewaySettings(idle_timeout_s=options["idle_timeout"],
-                                               end_on_answer=options["end_on_answer"]))
+                                               end_on_answer=options["end_on_answer"],
+                                               retries=config.retries.inference, backoff_s=config.retries.backoff_s))
     server = uvicorn_server(gateway)
     watcher = asyncio.create_task(_watch(gateway, options))
     try:
