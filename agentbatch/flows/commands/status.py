@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(eta.to_text(), flush=True)
         if by_group := group_line(group_scores(store.samples(args.batch_id)), "  score by group "):
             print(by_group, flush=True)
-        while args.watch and eta.done < eta.total:
+        while args.watch and eta.done < eta.total and eta.status != "crashed":
             time.sleep(args.watch)
             eta = estimate_eta(store, args.batch_id)
             print(eta.to_text(), flush=True)
