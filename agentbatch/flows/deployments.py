@@ -95,23 +95,34 @@ class DeploySpec:
     description: str | None = None
 
 
-def build_deployment(spec: DeploySpec) -> Any:
+def build_deployment(spec: DeploySpec, paused: bool) -> Any:
     """The RunnerDeployment of `scheduled_eval` (module entrypoint, so any process with agentbatch
-    installed can load it). Served deployments start paused: `serve` resumes them while it runs."""
+    installed can load it)."""
     from prefect.schedules import Cron, Interval
     from prefect.types.entrypoint import EntrypointType
 
     schedule = Cron(spec.cron) if spec.cron else Interval(float(spec.interval_s or 0))
     return scheduled_eval.to_deployment(
         name=spec.name, schedules=[schedule], parameters=spec.parameters, description=spec.description,
-        tags=["agentbatch"], work_pool_name=spec.work_pool, paused=spec.work_pool is None,
-        entrypoint_type=EntrypointType.MODULE_PATH,
+        tags=["agentbatch"], work_pool_name=spec.work_pool, paused=paused, entrypoint_type=EntrypointType.MODULE_PATH,
     )
 
 
 def deploy(spec: DeploySpec) -> str:
-    """Register (or update) the deployment on the Prefect server; returns its id."""
-    return str(build_deployment(spec).apply())
+    """Register (or update) the deployment on the Prefect server; returns its id. A new served
+    deployment starts paused (`serve` resumes it while it runs); an update keeps its paused state,
+    so redeploying under a running `serve` does not stop it. Work-pool deployments are active."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    paused = spec.work_pool is None
+    if paused:
+        with get_client(sync_client=True) as client:
+            try:
+                paused = bool(client.read_deployment_by_name(f"{FLOW_NAME}/{spec.name}").paused)
+            except ObjectNotFound:
+                pass
+    return str(build_deployment(spec, paused).apply())
 
 
 async def served_deployments(names: list[str]) -> tuple[list[Any], list[str]]:

@@ -148,3 +148,22 @@ def test_work_pool_form_and_bad_schedules(tmp_path, capsys) -> None:
     assert d.parameters["db_url"] == db and d.parameters["config"]["name"] == "nightly"
     assert cli("serve", "pooled") == 2  # served by the pool's workers, not by `serve`
     assert "pooled" in capsys.readouterr().err
+
+
+async def resume(name: str) -> None:
+    from prefect import get_client
+
+    async with get_client() as client:
+        await client.resume_deployment((await client.read_deployment_by_name(f"{FLOW_NAME}/{name}")).id)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_redeploy_keeps_a_served_schedule_active(tmp_path, capsys) -> None:
+    path = write_config(tmp_path / "nightly.yaml", config())
+    args = ("deploy", str(path), "--name", "redeployed", "--cron", "0 3 * * *", "--db", f"sqlite:///{tmp_path}/r.sqlite")
+    assert cli(*args) == 0
+    assert asyncio.run(read_deployment("redeployed")).paused  # nobody serves it yet
+    asyncio.run(resume("redeployed"))  # as `serve` does while it runs
+    assert cli(*args, "--param", "tag=ckpt-b") == 0
+    d = asyncio.run(read_deployment("redeployed"))
+    assert not d.paused and d.parameters["tag"] == "ckpt-b"
