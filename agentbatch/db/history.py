@@ -194,11 +194,14 @@ def _mean_lengths(store: Any, batch_ids: list[int], task_ids: list[str]) -> dict
 
 
 def _contributing_batches(store: Any, task_ids: list[str], exclude_batch_id: int) -> int:
-    q = (select(func.count(distinct(Sample.batch_id)))
-         .where(Sample.task_id.in_(task_ids[:500]), Sample.batch_id != exclude_batch_id,
-                Sample.status == SampleStatus.COMPLETED))
-    with store.session() as s:
-        return int(s.scalar(q) or 0)
+    batches: set[int] = set()
+    for i in range(0, len(task_ids), 500):
+        q = (select(distinct(Sample.batch_id))
+             .where(Sample.task_id.in_(task_ids[i:i + 500]), Sample.batch_id != exclude_batch_id,
+                    Sample.status == SampleStatus.COMPLETED))
+        with store.session() as s:
+            batches.update(s.scalars(q))
+    return len(batches)
 
 
 def suite_priors(store: Any, batch_id: int, task_ids: Iterable[str]) -> Priors:
