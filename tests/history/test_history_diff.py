@@ -14,7 +14,7 @@ from agentbatch.db import history
 from agentbatch.db.store import Store
 from agentbatch.flows.deployments import FLOW_NAME, scheduled_eval
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 async def read_artifact(key: str) -> str:

@@ -73,6 +73,7 @@ def stop(proc: subprocess.Popen) -> bytes:
         return proc.communicate()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_serve_fires_a_deployment_twice(tmp_path, capsys) -> None:
     db = f"sqlite:///{tmp_path / 'nightly.sqlite'}"
