@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Select, and_, or_, select, update
+from sqlalchemy import Select, and_, func, or_, select, update
 
-from agentbatch.db.models import Sample, SampleStatus
+from agentbatch.db.models import Sample, SampleStatus, Step, StepStatus
 from agentbatch.db.store import Store
 
 UNFINISHED = (SampleStatus.PENDING, SampleStatus.RUNNING)
@@ -179,3 +179,41 @@ class SampleLeases:
              .order_by(Sample.index))
         with self.store.session() as s:
             return list(s.scalars(q))
+
+
+# --- external environment steps cut short by a crash ---------------------------------------------------
+MAY_HAVE_EXECUTED = "may have executed: the process died during this step of an environment with external state"
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A step of an external-state environment that was executing when its process died."""
+
+    sample_id: int
+    step_index: int
+
+
+def flag_in_flight(store: Store, sample_ids: list[int]) -> list[InFlight]:
+    """Record each step left in flight (`samples.in_flight_step`) among these samples as an `abandoned`
+    attempt flagged "may have executed", and clear the mark. The caller holds their leases."""
+    if not sample_ids:
+        return []
+    with store.session() as s, s.begin():
+        rows = list(s.execute(select(Sample.id, Sample.batch_id, Sample.in_flight_step)
+                              .where(Sample.id.in_(sample_ids), Sample.in_flight_step.is_not(None))))
+        now = time.time()
+        for sample_id, batch_id, index in rows:
+            attempt = s.scalar(select(func.max(Step.attempt)).where(Step.sample_id == sample_id, Step.index == index))
+            s.add(Step(batch_id=batch_id, sample_id=sample_id, index=index, kind="environment",
+                       status=StepStatus.ABANDONED, attempt=(attempt or 0) + 1, enqueued_at=now, started_at=now,
+                       finished_at=now, error=MAY_HAVE_EXECUTED))
+        if rows:
+            s.execute(update(Sample).where(Sample.id.in_([r[0] for r in rows])).values(in_flight_step=None)
+                      .execution_options(synchronize_session=False))
+    return [InFlight(sample_id, index) for sample_id, _, index in rows]
+
+
+def count_may_have_executed(store: Store, batch_id: int) -> int:
+    with store.session() as s:
+        return s.scalar(select(func.count()).select_from(Step).where(
+            Step.batch_id == batch_id, Step.error == MAY_HAVE_EXECUTED)) or 0

@@ -81,6 +81,9 @@ class Sample(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # `agentbatch retry` resets
+    # An external-state environment step executing now (set before, cleared on completion): left set
+    # by a crash, the step may have executed without being recorded (db/leases.py flag_in_flight).
+    in_flight_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     batch: Mapped[Batch] = relationship(back_populates="samples")
 

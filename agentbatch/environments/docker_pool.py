@@ -16,6 +16,7 @@ import asyncio
 import io
 import itertools
 import logging
+import posixpath
 import re
 import shlex
 import tarfile
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 import docker
 import docker.errors
 import requests.exceptions
-from docker.types import Mount
+from docker.types import DriverConfig, Mount, Ulimit
 
 from agentbatch.environments.capacity import CapacityLimiter
 from agentbatch.protocols.environment import EnvironmentFailure
@@ -63,8 +64,10 @@ class SandboxSettings:
     read_only: bool = True  # read-only root; the work dir and /tmp stay writable
     workdir: str = "/work"
     workdir_mount: str = "volume"  # "volume" (anonymous, removed with the container) or "tmpfs"
-    workdir_size: str = "256m"  # tmpfs size when workdir_mount="tmpfs"
-    tmp_size: str = "64m"
+    workdir_size: str = "256m"  # the work dir's size limit (volume and tmpfs alike)
+    tmp_size: str = "64m"  # /tmp: tmpfs, noexec
+    # Per-process limits (setrlimit): open files, largest file written (bytes), no core dumps.
+    ulimits: Mapping[str, int] = field(default_factory=lambda: {"nofile": 1024, "fsize": 256 << 20, "core": 0})
     command: tuple[str, ...] = ("sleep", "infinity")  # keeps the container alive between steps
     shell: tuple[str, ...] = ("bash", "-c")  # ("sh", "-c") for busybox images
     environment: Mapping[str, str] = field(default_factory=dict)
@@ -208,10 +211,14 @@ class DockerPool:
         """The `containers.create` arguments: the hardening lives here."""
         s = self.settings
         mounts = []
-        tmpfs = {"/tmp": f"rw,nosuid,nodev,size={s.tmp_size}"}
+        tmpfs = {"/tmp": f"rw,noexec,nosuid,nodev,size={s.tmp_size}"}
         uid, gid = s.uid_gid()
         if s.workdir_mount == "volume":
-            mounts.append(Mount(target=s.workdir, source=None, type="volume"))
+            # An anonymous volume of the local driver backed by a sized tmpfs: bounded, unlike a plain
+            # volume on the host's disk, and reachable by the archive API (put_files), unlike --tmpfs.
+            bounded = DriverConfig("local", {"type": "tmpfs", "device": "tmpfs",
+                                             "o": f"size={s.workdir_size},uid={uid},gid={gid},mode=0755,nosuid,nodev"})
+            mounts.append(Mount(target=s.workdir, source=None, type="volume", driver_config=bounded))
         elif s.workdir_mount == "tmpfs":
             tmpfs[s.workdir] = f"rw,nosuid,nodev,size={s.workdir_size},uid={uid},gid={gid},mode=0755"
         else:
@@ -235,6 +242,7 @@ class DockerPool:
             memswap_limit=s.memory,  # no swap beyond the memory limit
             nano_cpus=int(s.cpus * 1e9),
             pids_limit=s.pids_limit,
+            ulimits=[Ulimit(name=k, soft=v, hard=v) for k, v in s.ulimits.items()],
             read_only=s.read_only,
             tmpfs=tmpfs,
             mounts=mounts,
@@ -476,13 +484,23 @@ def _force_remove(container: Any) -> None:
         raise EnvironmentFailure(f"cannot remove container {container.name}: {exc}") from exc
 
 
+def member_name(name: str) -> str:
+    """A packed file's name, normalised ("a/./b/../c" -> "a/c"); ValueError for a name that would
+    land outside the destination (absolute, "..", empty) or holds a NUL."""
+    clean = posixpath.normpath(name) if name else ""
+    if not name or "\0" in name or clean.startswith("/") or clean in (".", "..") or clean.startswith("../"):
+        raise ValueError(f"file name {name!r} is outside the sandbox's work directory (expected a relative "
+                         "path without '..')")
+    return clean
+
+
 def _tar_of(files: Mapping[str, str | bytes], uid: int, gid: int) -> bytes:
     buf = io.BytesIO()
     now = time.time()
     dirs: set[str] = set()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel, content in files.items():
-            rel = rel.lstrip("/")
+        for name, content in files.items():
+            rel = member_name(name)
             parts = rel.split("/")[:-1]
             for i in range(1, len(parts) + 1):  # parent directories first, owned by the user too
                 d = "/".join(parts[:i])

@@ -45,6 +45,8 @@ from agentbatch.protocols.engine import Message, ToolSchema
 from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, RecordedTurn, TaskSpec
 
 HIDDEN_PREFIX = "agentbatch_"
+IDEMPOTENCY_KEY = "idempotency_key"  # a tool argument the harness fills: the same step sends the same key
+IN_FLIGHT_POLICIES = ("retry", "fail")
 BFCL_SERVER = "agentbatch.environments.mcp_servers.bfcl_server"
 
 
@@ -54,9 +56,11 @@ class Toolset:
     def __init__(self, connections: list[McpConnection], tools: ToolFilter | None = None,
                  injected: Sequence[str] = ()) -> None:
         self.connections = connections
+        self.tools, self.injected = tools, list(injected)
         self.route: dict[str, tuple[McpConnection, str]] = {}
         self.schemas: list[ToolSchema] = []
         self.hidden: set[str] = set()  # callable by the harness only (state tools, tools_hide patterns)
+        self.idempotent: set[str] = set()  # tools that take an idempotency key (filled by the harness)
         counts: dict[str, int] = {}
         for conn in connections:
             for tool in conn.tools:
@@ -68,6 +72,8 @@ class Toolset:
                 if tool.name.startswith(HIDDEN_PREFIX) or (tools is not None and not tools.visible(exposed)):
                     self.hidden.add(exposed)
                     continue
+                if IDEMPOTENCY_KEY in ((tool.input_schema or {}).get("properties") or {}):
+                    self.idempotent.add(exposed)
                 self.schemas.append(
                     {
                         "type": "function",
@@ -75,10 +81,22 @@ class Toolset:
                             "name": exposed,
                             "description": tool.description or "",
                             "parameters": strip_injected(tool.input_schema or {"type": "object", "properties": {}},
-                                                         injected),
+                                                         [*injected, IDEMPOTENCY_KEY]),
                         },
                     }
                 )
+
+
+async def reconnect_dead(toolset: Toolset, call_timeout_s: float) -> Toolset:
+    """The toolset with only its dead connections started again: healthy ones, and the calls other
+    samples have in flight on them, are kept."""
+    dead = [i for i, c in enumerate(toolset.connections) if not c.alive]
+    if not dead:
+        return toolset
+    await asyncio.gather(*(toolset.connections[i].close() for i in dead), return_exceptions=True)
+    fresh = await open_toolset([toolset.connections[i].spec for i in dead], call_timeout_s)
+    replaced = dict(zip(dead, fresh.connections, strict=True))
+    return Toolset([replaced.get(i, c) for i, c in enumerate(toolset.connections)], toolset.tools, toolset.injected)
 
 
 async def open_toolset(specs: Sequence[McpServerSpec], call_timeout_s: float, tools: ToolFilter | None = None,
@@ -104,23 +122,32 @@ class McpEnvironment:
         self.call_log: list[dict[str, Any]] = []  # (name, start, end, error) of each call, for reports
         self._dirty = False
         self.final_text: str | None = None  # the last answer without tool calls (for a scorer plugin)
-        self.injected = injected_args(workload.inject, sample_context(task, workload.batch_label))
+        self.context = sample_context(task, workload.batch_label)
+        self.injected = injected_args(workload.inject, self.context)
 
     def _turns(self) -> list[Message]:
         return [m if isinstance(m, dict) else {"role": "user", "content": str(m)} for m in self.task.data["turns"]]
 
     async def _ensure_toolset(self) -> Toolset:
-        if self._dirty and self.workload.per_sample:
+        external = self.workload.restore_mode == "external"
+        if self._dirty and self.workload.per_sample and not external:
             await self._drop_toolset()
         self._dirty = False
-        if self.toolset is not None:
+        if self.toolset is not None and all(c.alive for c in self.toolset.connections):
             return self.toolset
-        if not self.workload.per_sample:
+        if not self.workload.per_sample:  # shared: the workload restarts only the servers that died
             self.toolset = await self.workload.shared_toolset()
             return self.toolset
-        specs = [s.formatted(self.task.data.get("server_params", {})) for s in self.workload.specs]
+        if self.toolset is not None and external:  # the state lives elsewhere: reconnect what died only
+            self.toolset = await reconnect_dead(self.toolset, self.workload.call_timeout_s)
+            return self.toolset
+        await self._drop_toolset()
+        values = {**self.task.data.get("server_params", {}), "sample_key": self.context["sample_key"]}
+        specs = [s.formatted(values) for s in self.workload.specs]
         self.toolset = await open_toolset(specs, self.workload.call_timeout_s, self.workload.tool_filter,
                                           list(self.workload.inject))
+        if external:
+            return self.toolset  # reattached by the sample key: never re-execute a recorded call
         try:  # rebuild the servers' state from this sample's completed turns (after a failure)
             for assistant in self.history:
                 await self._run_calls(assistant, record=False)
@@ -155,7 +182,8 @@ class McpEnvironment:
         try:
             result = await self._run_calls(assistant, record=True)
         except EnvironmentFailure:
-            await self._drop_toolset()  # per-sample: fresh servers + replay on the retry
+            if self.workload.restore_mode == "replay":
+                await self._drop_toolset()  # per-sample: fresh servers + replay on the retry
             raise
         self._dirty = False
         self.history.append(assistant)
@@ -171,10 +199,15 @@ class McpEnvironment:
                 text = f"error: {error}" if error else f"error: unknown tool {name!r}"
                 return {"role": "tool", "tool_call_id": call_id, "name": name, "content": text}, True
             conn, tool_name = target
+            extra = dict(self.injected)
+            if self.toolset is not None and name in self.toolset.idempotent:
+                # A retry of this step, or its re-run after a crash, sends the same key: the server can
+                # tell that it already did the call.
+                extra[IDEMPOTENCY_KEY] = f"{self.context['sample_key']}/{len(self.history)}/{call_id}"
             loop = asyncio.get_running_loop()
             async with self.workload.calls.slot():
                 start = loop.time()
-                res = await conn.call(tool_name, {**(args or {}), **self.injected})
+                res = await conn.call(tool_name, {**(args or {}), **extra})
                 end = loop.time()
             if record:  # per call: its latency, and its result for a scorer plugin
                 self.call_log.append({"name": name, "arguments": args, "start": start, "end": end,
@@ -197,12 +230,19 @@ class McpEnvironment:
     def restore_mode(self) -> str:
         return self.workload.restore_mode
 
+    @property
+    def in_flight(self) -> str:
+        """What a resume does with a step of this (external) environment cut short by a crash."""
+        return self.workload.in_flight
+
     async def restore(self, pairs: list[RecordedTurn]) -> None:
+        """"replay": fresh per-sample servers re-run the recorded calls; "external": the state lives
+        elsewhere: reconnect (by the sample key) and re-execute nothing."""
         assistants = [assistant for assistant, _ in pairs]
         self.history = list(assistants)
         self.call_log, self.final_text = recorded_calls(pairs)  # recorded results, for a scorer plugin
         self.turn = sum(1 for a in assistants if not a.get("tool_calls"))
-        if self.workload.per_sample:
+        if self.workload.per_sample and self.workload.restore_mode == "replay":
             await self._drop_toolset()  # fresh servers, then the recorded calls re-run
         await self._ensure_toolset()
 
@@ -266,6 +306,7 @@ class McpWorkload:
         scorer: str | None = None,
         state_tool: str | None = None,
         restore_mode: Literal["replay", "external"] = "replay",
+        in_flight: Literal["retry", "fail"] = "retry",
         batch_label: str | None = None,
     ) -> None:
         if preset == "bfcl":
@@ -289,6 +330,7 @@ class McpWorkload:
         self.parallel_calls = parallel_calls
         # "replay": servers started per sample hold the state; "external": it lives elsewhere.
         self.restore_mode = restore_mode
+        self.in_flight = in_flight  # external step cut short by a crash: run it again (same key) or fail
         self._shared: Toolset | None = None
         self._shared_lock = asyncio.Lock()
 
@@ -300,10 +342,10 @@ class McpWorkload:
 
     async def shared_toolset(self) -> Toolset:
         async with self._shared_lock:
-            if self._shared is None or not all(c.alive for c in self._shared.connections):
-                if self._shared is not None:  # a shared server died: start the set again
-                    await asyncio.gather(*(c.close() for c in self._shared.connections), return_exceptions=True)
+            if self._shared is None:
                 self._shared = await open_toolset(self.specs, self.call_timeout_s, self.tool_filter, list(self.inject))
+            else:  # a shared server died: start it again, and only it
+                self._shared = await reconnect_dead(self._shared, self.call_timeout_s)
             return self._shared
 
     async def aclose(self) -> None:

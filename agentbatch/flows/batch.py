@@ -160,6 +160,7 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
     if abandoned:
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
                  abandoned)
+    todo = keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
     live = _LiveBatch(config, keeper, todo, batch, engines, total=len(store.samples(batch_id)))
     plan = admission_todo(config, store, batch_id, todo)
     live.todo, live.priors = plan.todo, plan.priors  # the order they queue for admission

@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from agentbatch.db.leases import ForeignLease, SampleLeases
+from agentbatch.db.leases import ForeignLease, SampleLeases, flag_in_flight
 from agentbatch.db.models import BatchStatus, Sample, SampleStatus
 from agentbatch.db.store import Store
 
@@ -152,6 +152,26 @@ class LeaseKeeper:
                                 self.batch_id, sample_id)
                     self._lost.add(sample_id)
                     task.cancel()
+
+    def settle_in_flight(self, todo: list[Sample], policy: str) -> list[Sample]:
+        """Steps of external-state environments that were executing when a process died: flagged
+        "may have executed" in the store. Policy "retry" runs them again (tools that take an
+        idempotency key get the same one); "fail" fails their samples for a person to check.
+        Returns the samples still to run."""
+        flagged = flag_in_flight(self.store, [s.id for s in todo])
+        if not flagged:
+            return todo
+        log.warning("batch %s: %d step(s) of environments with external state may have executed before the "
+                    "last process died (policy %s)", self.batch_id, len(flagged), policy)
+        if policy != "fail":
+            return todo
+        failed = {f.sample_id: f.step_index for f in flagged}
+        for sample_id, index in failed.items():
+            self.store.finish_sample(sample_id, score=None, result=None,
+                                     error=f"step {index} may have executed before the process died; the "
+                                     "environment's in-flight policy is 'fail': check its external state, then "
+                                     "`agentbatch retry`")
+        return [s for s in todo if s.id not in failed]
 
     async def run(self, sample_id: int, coro: Coroutine[Any, Any, Any]) -> None:
         """Drive one sample; then check --fail-on-error. A sample whose lease was lost ends quietly."""

@@ -23,7 +23,13 @@ from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 from agentbatch.engines.openai_http import EngineFailure
 from agentbatch.protocols.engine import ChatRequest, Engine
-from agentbatch.protocols.environment import Environment, EnvironmentFactory, EnvironmentFailure, TaskSpec
+from agentbatch.protocols.environment import (
+    Environment,
+    EnvironmentFactory,
+    EnvironmentFailure,
+    TaskSpec,
+    restore_mode_of,
+)
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
 from agentbatch.tasks.coordinator import Coordinator
@@ -132,6 +138,11 @@ async def _run_environment(batch: BatchContext, run: SampleRun, ticket: StepTick
     assistant = run.state.last_assistant
     assert assistant is not None
     row.update(request=_request_record(run, ticket, None), worker=slot)
+    # State kept elsewhere: mark the step in flight first, so that a crash before its record leaves a
+    # trace ("may have executed" on resume) instead of a silent second execution.
+    external = restore_mode_of(run.env) == "external"
+    if external:
+        await batch.writer.update_sample(run.sample_id, {"in_flight_step": ticket.step_index})
     try:
         # asyncio.timeout runs the step in this task (wait_for would start another and resume us
         # only after every other ready callback, which a busy loop turns into seconds of "execution").
@@ -141,7 +152,7 @@ async def _run_environment(batch: BatchContext, run: SampleRun, ticket: StepTick
         raise EnvironmentFailure(f"environment step timed out after {batch.step_timeout_s} s") from exc
     record = AgentState.environment_record(result)
     row.update(response=record, tool_calls=result.tool_calls)
-    await _commit(batch, row, {"steps_done": ticket.step_index + 1})
+    await _commit(batch, row, {"steps_done": ticket.step_index + 1, **({"in_flight_step": None} if external else {})})
     if "tools" in record:
         run.meta["tools_changed"] = True
     run.state.apply_environment(result.messages, result.done, record.get("tools"))

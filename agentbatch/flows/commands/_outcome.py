@@ -69,6 +69,11 @@ def finish_command(store: Store, outcome: BatchOutcome, fail_on_error: str | Non
         return EXIT_USAGE
     print(summarize(store, outcome.batch_id).to_text())
     print(f"batch status: {outcome.status}")
+    from agentbatch.db.leases import count_may_have_executed
+
+    if maybe := count_may_have_executed(store, outcome.batch_id):
+        print(f"may have executed: {maybe} step(s) of environments with external state were cut short by a dead "
+              "process (their side effects may exist; the steps are flagged in the store)")
     if outcome.report_path:
         print(f"report: {outcome.report_path}")
     return exit_code(outcome.status, outcome.failed, FailurePolicy.parse(fail_on_error))

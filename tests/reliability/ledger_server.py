@@ -1,0 +1,59 @@
+"""A stateful MCP server whose state lives outside the process (a JSON file), for the reliability tests.
+
+`cancel_reservation(reservation, session, idempotency_key?)` refunds a reservation: each call adds a
+refund, unless its idempotency key was seen before. `agentbatch_state(session)` returns the
+session's refunds. `--state FILE` is the file; every call reads and writes it (one process at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+
+from agentbatch.environments.mcp_servers._serve import add_transport_args, build_server, serve, text_result
+
+TOOLS = [
+    types.Tool(name="cancel_reservation", description="Cancel a reservation and refund it.",
+               input_schema={"type": "object", "properties": {
+                   "reservation": {"type": "string"}, "session": {"type": "string"},
+                   "idempotency_key": {"type": "string"}}, "required": ["reservation"]}),
+    types.Tool(name="agentbatch_state", description="The session's refunds.",
+               input_schema={"type": "object", "properties": {"session": {"type": "string"}}}),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--state", required=True)
+    add_transport_args(parser)
+    args = parser.parse_args()
+    path = Path(args.state)
+
+    def load() -> dict[str, Any]:
+        return json.loads(path.read_text()) if path.exists() else {"refunds": {}, "keys": []}
+
+    async def call(name: str, a: dict[str, Any]) -> types.CallToolResult:
+        state = load()
+        session = str(a.get("session", "-"))
+        refunds = state["refunds"].setdefault(session, {})
+        if name == "cancel_reservation":
+            key = a.get("idempotency_key")
+            if key is None or key not in state["keys"]:
+                refunds[a["reservation"]] = refunds.get(a["reservation"], 0) + 1
+                if key is not None:
+                    state["keys"].append(key)
+            path.write_text(json.dumps(state))
+            return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]]})
+        if name == "agentbatch_state":
+            return text_result(refunds)
+        return text_result(f"unknown tool {name!r}", is_error=True)
+
+    serve(build_server("ledger", TOOLS, call), args.http)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Findings 9 and 10: side effects never done twice silently; one flaky server does not fail the batch.
+
+- An environment with external state (`restore_mode: external`) is reattached on resume, never
+  re-executed: the ledger's refund happens once (replay re-ran it: refunds doubled).
+- Tools that take an `idempotency_key` get one per (sample, step, call): a retried step is a no-op
+  on the server; the key is not shown to the model.
+- A step of such an environment cut short by a crash is flagged "may have executed" on resume and
+  handled by the declared policy (retry, or fail the sample).
+- A shared MCP server that dies is restarted alone: the healthy server keeps its process and
+  connection, and other samples' toolsets pick up the restarted one without losing an attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentbatch.db.leases import MAY_HAVE_EXECUTED, count_may_have_executed, flag_in_flight
+from agentbatch.db.store import Store
+from agentbatch.environments.mcp_client import EnvironmentFailure
+from agentbatch.environments.mcp_env import McpWorkload
+from agentbatch.flows.leased import LeaseKeeper
+from agentbatch.protocols.environment import RecordedTurn
+
+HERE = Path(__file__).parent
+PROBE = ["-m", "agentbatch.environments.mcp_servers.probe_server"]
+
+
+def call_msg(*calls: tuple[str, dict]) -> dict:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+        for i, (n, a) in enumerate(calls)]}
+
+
+def ledger(tmp_path: Path, **params: object) -> McpWorkload:
+    server = {"name": "ledger", "command": sys.executable, "args": [str(HERE / "ledger_server.py"), "--state",
+                                                                    str(tmp_path / "ledger.json")]}
+    return McpWorkload(servers=[server], tasks=[{"id": "t1", "turns": ["cancel r1"]}], per_sample=True,
+                       inject={"session": "{sample_key}"}, batch_label="batch-7", **params)
+
+
+def refunds(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "ledger.json").read_text())["refunds"]
+
+
+async def _cancel_then_resume(wl: McpWorkload) -> list[dict]:
+    task = wl.tasks()[0]
+    first = wl.create(task)
+    assistant = call_msg(("cancel_reservation", {"reservation": "r1"}))
+    try:
+        reset = await first.reset(task)
+        result = await first.step(assistant)
+    finally:
+        await first.close()
+    second = wl.create(task)  # the resumed process's fresh environment
+    try:
+        await second.reset(task)
+        await second.restore([RecordedTurn(assistant, result.messages)])
+    finally:
+        await second.close()
+    return reset.tools
+
+
+@pytest.mark.parametrize("mode,expected", [("external", 1), ("replay", 2)])
+def test_restore_of_external_state_never_re_executes(tmp_path: Path, mode: str, expected: int) -> None:
+    tools = asyncio.run(_cancel_then_resume(ledger(tmp_path, restore_mode=mode)))
+    assert refunds(tmp_path) == {"batch-7:t1": {"r1": expected}}  # replay re-runs it: right only in-process
+    params = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == "cancel_reservation")
+    assert "idempotency_key" not in params["properties"] and "session" not in params["properties"]
+
+
+def test_retried_step_sends_the_same_idempotency_key(tmp_path: Path) -> None:
+    async def main() -> None:
+        wl = ledger(tmp_path, restore_mode="external")
+        env = wl.create(wl.tasks()[0])
+        assistant = call_msg(("cancel_reservation", {"reservation": "r1"}), ("cancel_reservation", {"reservation": "r2"}))
+        try:
+            await env.reset(env.task)
+            # the step ran on the server, but its record was lost (a crash): the re-run sends the same keys
+            await env.step(assistant)
+            env.history.pop()
+            await env.step(assistant)
+            await env.step(call_msg(("cancel_reservation", {"reservation": "r1"})))  # a later step: a new key
+        finally:
+            await env.close()
+
+    asyncio.run(main())
+    assert refunds(tmp_path) == {"batch-7:t1": {"r1": 2, "r2": 1}}
+
+
+def test_in_flight_external_step_is_flagged_and_handled_by_policy(store: Store) -> None:
+    batch_id = store.create_batch("inflight", {}, [("a", {}), ("b", {})])
+    a, b = store.samples(batch_id)
+    with store.session() as s, s.begin():
+        for sample in (a, b):
+            s.get(type(sample), sample.id).in_flight_step = 3
+    keeper = LeaseKeeper(store, batch_id)
+    todo = keeper.claim()
+    assert [s.id for s in keeper.settle_in_flight(todo, "retry")] == [a.id, b.id]
+    flagged = [st for st in store.steps(batch_id) if st.error == MAY_HAVE_EXECUTED]
+    assert sorted((st.sample_id, st.index, st.status) for st in flagged) == [(a.id, 3, "abandoned"), (b.id, 3, "abandoned")]
+    assert count_may_have_executed(store, batch_id) == 2
+    assert flag_in_flight(store, [a.id, b.id]) == []  # cleared: flagged once
+
+    with store.session() as s, s.begin():
+        s.get(type(a), a.id).in_flight_step = 5
+    left = keeper.settle_in_flight(keeper.claim(), "fail")
+    assert [s.id for s in left] == [b.id]
+    failed = {s.id: s for s in store.samples(batch_id)}[a.id]
+    assert failed.status == "failed" and "may have executed" in (failed.error or "")
+    keeper.leases.release_all()
+
+
+def test_dead_shared_server_restarts_alone(tmp_path: Path) -> None:
+    servers = [{"name": n, "command": sys.executable, "args": PROBE} for n in ("a", "b")]
+
+    async def main() -> dict:
+        wl = McpWorkload(servers=servers, tasks=[{"id": "x", "turns": ["go"]}, {"id": "y", "turns": ["go"]}])
+        one, two = (wl.create(t) for t in wl.tasks())
+        try:
+            await one.reset(one.task)
+            await two.reset(two.task)
+            before = {n: json.loads((await one.step(call_msg((f"{n}__sleep", {"seconds": 0})))).messages[0]["content"])["pid"]
+                      for n in ("a", "b")}
+            conn_b = one.toolset.route["b__sleep"][0]
+            os.kill(before["a"], signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            with pytest.raises(EnvironmentFailure):
+                await one.step(call_msg(("a__sleep", {"seconds": 0})))
+            retried = await one.step(call_msg(("a__sleep", {"seconds": 0})))  # the flow's retry
+            other = await two.step(call_msg(("a__sleep", {"seconds": 0})))  # another sample: no failure
+            b_after = await one.step(call_msg(("b__sleep", {"seconds": 0})))
+            return {"before": before, "a_new": json.loads(retried.messages[0]["content"])["pid"],
+                    "a_other": json.loads(other.messages[0]["content"])["pid"],
+                    "b_after": json.loads(b_after.messages[0]["content"])["pid"],
+                    "same_b_connection": one.toolset.route["b__sleep"][0] is conn_b}
+        finally:
+            await one.close()
+            await two.close()
+            await wl.aclose()
+
+    out = asyncio.run(main())
+    assert out["a_new"] != out["before"]["a"] and out["a_other"] == out["a_new"]
+    assert out["b_after"] == out["before"]["b"] and out["same_b_connection"]  # the healthy one untouched
