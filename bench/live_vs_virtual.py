@@ -10,11 +10,13 @@ Live makespan (first admission to last finish, from the store) is divided by the
 compared with the virtual makespan. Where the time went, per step (live divided by the scale):
 engine service (inference start to finish, inside the engine incl. its own queue), environment
 service, waits for a slot (enqueued to started), and the gap between a step's end and the sample's
-next step being enqueued (orchestration: store, Prefect, event loop; zero in virtual time); also
-prompt tokens and prefix-cache hits as each engine counted them.
+next step being enqueued (orchestration: store, Prefect, event loop; zero in virtual time); of the
+inference service, the engine's own time as it reports it (queue + prefill + decode; the rest is
+HTTP, tokenizing the prompt and the client); prompt tokens and prefix-cache hits as each engine
+counted them.
 
 Usage: .venv/bin/python bench/live_vs_virtual.py [--families mcp_like,...] [--samples 16]
-       [--target-s 40] [--env-slots 4] [--max-active 12]
+       [--target-s 80] [--env-slots 4] [--max-active 12]
 Last line: `live/virtual makespan: worst R over families` (R = live / virtual; target 0.95-1.05).
 """
 
@@ -48,21 +50,25 @@ class Breakdown:
 
     makespan_s: float
     inference_s: float  # mean inference service (start to finish)
+    engine_s: float  # of which the engine's own time (its queue + prefill + decode, as it reports them)
     environment_s: float  # mean environment service
     inference_wait_s: float  # mean wait for an engine-worker slot
     environment_wait_s: float  # mean wait for an environment slot
     gap_s: float  # mean time from a step's end to the sample's next step being enqueued
+    edges_s: float  # mean per sample: admission to its first step, plus its last step to its end (scoring)
     prompt_tokens: int
     cached_tokens: int
 
     def row(self) -> str:
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-        return (f"makespan {self.makespan_s:8.1f}  inf {self.inference_s:6.2f} (wait {self.inference_wait_s:6.2f})  "
+        return (f"makespan {self.makespan_s:8.1f}  inf {self.inference_s:6.2f} (engine {self.engine_s:6.2f}, "
+                f"wait {self.inference_wait_s:6.2f})  "
                 f"env {self.environment_s:6.2f} (wait {self.environment_wait_s:6.2f})  gap {self.gap_s:6.3f}  "
+                f"edges {self.edges_s:6.3f}  "
                 f"prompt {self.prompt_tokens:>9,d} hit {hit:.3f}")  # fmt: skip
 
 
-def breakdown(steps: list[Any], span: float, scale: float) -> Breakdown:
+def breakdown(steps: list[Any], span: float, scale: float, edges: list[float]) -> Breakdown:
     """steps: objects or rows with sample_id, index, kind, enqueued_at, started_at, finished_at, token counts."""
     inf = [s for s in steps if s.kind == "inference"]
     env = [s for s in steps if s.kind == "environment"]
@@ -73,10 +79,12 @@ def breakdown(steps: list[Any], span: float, scale: float) -> Breakdown:
     return Breakdown(
         makespan_s=span / scale,
         inference_s=m([s.finished_at - s.started_at for s in inf]),
+        engine_s=m([(s.engine_queue_s or 0.0) + (s.prefill_s or 0.0) + (s.decode_s or 0.0) for s in inf]),
         environment_s=m([s.finished_at - s.started_at for s in env]),
         inference_wait_s=m([s.started_at - s.enqueued_at for s in inf]),
         environment_wait_s=m([s.started_at - s.enqueued_at for s in env]),
         gap_s=m(_gaps(steps)),
+        edges_s=m(edges),
         prompt_tokens=int(sum(s.prompt_tokens or 0 for s in inf)),
         cached_tokens=int(sum(s.cached_prompt_tokens or 0 for s in inf)),
     )
@@ -88,6 +96,16 @@ def _gaps(steps: list[Any]) -> list[float]:
     for s in sorted(steps, key=lambda s: (s.sample_id, s.index)):
         by_sample.setdefault(s.sample_id, []).append(s)
     return [b.enqueued_at - a.finished_at for rows in by_sample.values() for a, b in zip(rows, rows[1:], strict=False)]
+
+
+def _edges(samples: Any, steps: Any) -> list[float]:
+    """Per sample: from admission to its first step's enqueue plus from its last step's end to its end."""
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for s in steps:
+        first[s.sample_id] = min(first.get(s.sample_id, s.enqueued_at), s.enqueued_at)
+        last[s.sample_id] = max(last.get(s.sample_id, s.finished_at), s.finished_at)
+    return [(first[s.id] - s.admitted_at) + (s.finished_at - last[s.id]) for s in samples if s.id in first]
 
 
 # --- the two clocks -----------------------------------------------------------------------------
@@ -114,7 +132,8 @@ def run_virtual(trace_path: Path, argv: list[str], profile: str) -> tuple[Breakd
                         **{k: PolicySpec(getattr(a, k), params[k]) for k in POLICY_KINDS})  # fmt: skip
     r = simulate(read_trace(trace_path), cfg)
     frame = r.steps_frame()
-    return breakdown(list(frame.itertuples()), r.summary.makespan_s, 1.0), r
+    return breakdown(list(frame.itertuples()), r.summary.makespan_s, 1.0, _edges(r.samples_frame().itertuples(),
+                                                                                 frame.itertuples())), r
 
 
 def serve_sim(profile: str, scale: float, port: int, name: str) -> subprocess.Popen[bytes]:
@@ -166,7 +185,8 @@ def run_live(trace_path: Path, args: argparse.Namespace, profile: str, scale: fl
     if failed:
         raise RuntimeError(f"live replay: samples {failed} did not complete")
     span = max(s.finished_at for s in samples) - min(s.admitted_at for s in samples)
-    return breakdown(steps, span, scale), replay_argv(trace_path, args, urls, scale, profile)
+    edges = _edges(samples, steps)
+    return breakdown(steps, span, scale, edges), replay_argv(trace_path, args, urls, scale, profile)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -188,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--samples", type=int, default=16, help="samples per family")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--target-s", type=float, default=40.0, help="wall seconds a family's live run should take")
+    ap.add_argument("--target-s", type=float, default=80.0, help="wall seconds a family's live run should take")
     ap.add_argument("--env-slots", type=int, default=4)
     ap.add_argument("--max-active", type=int, default=12)
     args = ap.parse_args(argv)
