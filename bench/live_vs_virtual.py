@@ -13,7 +13,8 @@ service, waits for a slot (enqueued to started), and the gap between a step's en
 next step being enqueued (orchestration: store, Prefect, event loop; zero in virtual time); of the
 inference service, the engine's own time as it reports it (queue + prefill + decode; the rest is
 HTTP, tokenizing the prompt and the client); prompt tokens and prefix-cache hits as each engine
-counted them.
+counted them; and when samples start (their admission as the store records it, i.e. when a
+sample's Prefect task run begins; in virtual time all admitted samples start at 0).
 
 Usage: .venv/bin/python bench/live_vs_virtual.py [--families mcp_like,...] [--samples 16]
        [--target-s 80] [--env-slots 4] [--max-active 12]
@@ -56,6 +57,7 @@ class Breakdown:
     environment_wait_s: float  # mean wait for an environment slot
     gap_s: float  # mean time from a step's end to the sample's next step being enqueued
     edges_s: float  # mean per sample: admission to its first step, plus its last step to its end (scoring)
+    start_s: float  # mean sample start (admission recorded in the store) after the batch's first
     prompt_tokens: int
     cached_tokens: int
 
@@ -64,11 +66,11 @@ class Breakdown:
         return (f"makespan {self.makespan_s:8.1f}  inf {self.inference_s:6.2f} (engine {self.engine_s:6.2f}, "
                 f"wait {self.inference_wait_s:6.2f})  "
                 f"env {self.environment_s:6.2f} (wait {self.environment_wait_s:6.2f})  gap {self.gap_s:6.3f}  "
-                f"edges {self.edges_s:6.3f}  "
+                f"edges {self.edges_s:6.3f}  start {self.start_s:6.2f}  "
                 f"prompt {self.prompt_tokens:>9,d} hit {hit:.3f}")  # fmt: skip
 
 
-def breakdown(steps: list[Any], span: float, scale: float, edges: list[float]) -> Breakdown:
+def breakdown(steps: list[Any], span: float, scale: float, edges: list[float], starts: list[float]) -> Breakdown:
     """steps: objects or rows with sample_id, index, kind, enqueued_at, started_at, finished_at, token counts."""
     inf = [s for s in steps if s.kind == "inference"]
     env = [s for s in steps if s.kind == "environment"]
@@ -78,16 +80,25 @@ def breakdown(steps: list[Any], span: float, scale: float, edges: list[float]) -
 
     return Breakdown(
         makespan_s=span / scale,
-        inference_s=m([s.finished_at - s.started_at for s in inf]),
+        inference_s=m(_service(inf)),
         engine_s=m([(s.engine_queue_s or 0.0) + (s.prefill_s or 0.0) + (s.decode_s or 0.0) for s in inf]),
-        environment_s=m([s.finished_at - s.started_at for s in env]),
-        inference_wait_s=m([s.started_at - s.enqueued_at for s in inf]),
-        environment_wait_s=m([s.started_at - s.enqueued_at for s in env]),
+        environment_s=m(_service(env)),
+        inference_wait_s=m(_waits(inf)),
+        environment_wait_s=m(_waits(env)),
         gap_s=m(_gaps(steps)),
         edges_s=m(edges),
+        start_s=m([t - min(starts) for t in starts]),
         prompt_tokens=int(sum(s.prompt_tokens or 0 for s in inf)),
         cached_tokens=int(sum(s.cached_prompt_tokens or 0 for s in inf)),
     )
+
+
+def _service(steps: list[Any]) -> list[float]:
+    return [s.finished_at - s.started_at for s in steps]
+
+
+def _waits(steps: list[Any]) -> list[float]:
+    return [s.started_at - s.enqueued_at for s in steps]
 
 
 def _gaps(steps: list[Any]) -> list[float]:
@@ -132,8 +143,9 @@ def run_virtual(trace_path: Path, argv: list[str], profile: str) -> tuple[Breakd
                         **{k: PolicySpec(getattr(a, k), params[k]) for k in POLICY_KINDS})  # fmt: skip
     r = simulate(read_trace(trace_path), cfg)
     frame = r.steps_frame()
-    return breakdown(list(frame.itertuples()), r.summary.makespan_s, 1.0, _edges(r.samples_frame().itertuples(),
-                                                                                 frame.itertuples())), r
+    samples = list(r.samples_frame().itertuples())
+    edges = _edges(samples, frame.itertuples())
+    return breakdown(list(frame.itertuples()), r.summary.makespan_s, 1.0, edges, [s.admitted_at for s in samples]), r
 
 
 def serve_sim(profile: str, scale: float, port: int, name: str) -> subprocess.Popen[bytes]:
@@ -186,7 +198,8 @@ def run_live(trace_path: Path, args: argparse.Namespace, profile: str, scale: fl
         raise RuntimeError(f"live replay: samples {failed} did not complete")
     span = max(s.finished_at for s in samples) - min(s.admitted_at for s in samples)
     edges = _edges(samples, steps)
-    return breakdown(steps, span, scale, edges), replay_argv(trace_path, args, urls, scale, profile)
+    starts = [s.admitted_at for s in samples]
+    return breakdown(steps, span, scale, edges, starts), replay_argv(trace_path, args, urls, scale, profile)
 
 
 def _free_ports(n: int) -> list[int]:
