@@ -98,6 +98,10 @@ class CaasHistoryQueue(CaasQueue):
       textbook longest-remaining-first. It rotates service between samples as each one advances
       (the leader drops below the others), which on a KV-limited engine evicts and recomputes the
       waiting samples' prefixes; bench/ablation.py shows the cost.
+    rank="progress": observed progress first, as plain CAAS (steps done, more first), the expected
+      chain length breaking its ties (before attained time). The prior can then only reorder samples
+      CAAS holds equal, so it never rotates service away from the leaders (whose prefixes are warm):
+      the ordering that does not lose to plain CAAS once environment slots stop being scarce.
     Samples without a prior come after those with one (`unknown_last=True`) or before them, ordered
     among themselves by observed progress like plain CAAS; ties fall back to observed progress, then
     arrival.
@@ -105,8 +109,8 @@ class CaasHistoryQueue(CaasQueue):
 
     def __init__(self, max_wait_s: float | None = 600.0, unknown_last: bool = True, rank: str = "total") -> None:
         super().__init__(max_wait_s=max_wait_s)
-        if rank not in ("total", "remaining"):
-            raise ValueError(f"rank must be 'total' or 'remaining', got {rank!r}")
+        if rank not in ("total", "remaining", "progress"):
+            raise ValueError(f"rank must be 'total', 'remaining' or 'progress', got {rank!r}")
         self.unknown_last = unknown_last
         self.rank = rank
 
@@ -115,6 +119,8 @@ class CaasHistoryQueue(CaasQueue):
         if s.prior_chain_steps is None:
             return (1 if self.unknown_last else -1, 0.0, -s.steps_done, -s.attained_s, s.arrival_seq)
         expected = s.prior_chain_steps
+        if self.rank == "progress":
+            return (0, -s.steps_done, -expected, -s.attained_s, s.arrival_seq)
         if self.rank == "remaining":
             expected = max(0.0, expected - s.steps_done)
         return (0, -expected, -s.steps_done, -s.attained_s, s.arrival_seq)

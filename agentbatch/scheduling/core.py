@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from agentbatch.scheduling.admission_control import AdmissionController, AdmissionSignals, EngineCounters
 from agentbatch.scheduling.policies import AdmissionLimits, FifoQueue, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
 
@@ -32,6 +33,7 @@ ENVIRONMENT = "environment"
 ADMISSION_STEP = -1  # step_index of an admission ticket
 
 LoadHook = Callable[[list[WorkerLoad]], list[WorkerLoad]]
+CountersHook = Callable[[], EngineCounters]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,9 @@ class SchedulingCore:
         self.sticky = 0  # inference calls routed back to the sample's previous worker
         self.moves = 0  # inference calls routed away from it
         self.log: list[GrantRecord] | None = [] if record else None
+        self.controller: AdmissionController | None = None  # adaptive admission (enable_adaptive_admission)
+        self.engine_counters: CountersHook | None = None
+        self.steps_completed = 0
 
     # --- what drivers tell the core -----------------------------------------------------------------
     def admission_ticket(self, sample: SampleProgress, now: float) -> StepTicket:
@@ -154,7 +159,11 @@ class SchedulingCore:
             sample.attained_s += now - ticket.granted_at
         if ticket.kind == StepKind.INFERENCE and ticket.worker is not None:
             self._learn(sample, ticket.worker)
-        return self.release(ticket, slot, now)
+        self.steps_completed += 1
+        grants = self.release(ticket, slot, now)
+        if self.controller is not None and self.controller.due(self.steps_completed):
+            grants += self._adapt(now)
+        return grants
 
     def release(self, ticket: StepTicket, slot: str, now: float) -> list[Grant]:
         """Give a step's slot back without progress (the step failed or was cancelled)."""
@@ -191,6 +200,21 @@ class SchedulingCore:
         self.admission.resize(self.limits.effective_active(limit))
         return self._pump(self.admission, now)
 
+    def enable_adaptive_admission(self, controller: AdmissionController, counters: CountersHook | None) -> None:
+        """Let `controller` set the admission limit after each window of completed steps, from the
+        core's queues and the engines' counters (`counters`: the engine model's metrics in virtual
+        time, the workers' /metrics live). Both drivers call this with the same controller."""
+        self.controller = controller
+        self.engine_counters = counters
+
+    def admission_signals(self) -> AdmissionSignals:
+        return AdmissionSignals(
+            admitted=self.admission.in_use, waiting_admission=len(self.admission.queue),
+            env_queued=len(self.environment.queue), env_slots=self.environment.capacity,
+            inference_queued=sum(len(p.queue) for p in self.workers.values()), steps_completed=self.steps_completed,
+            engine=self.engine_counters() if self.engine_counters is not None else EngineCounters(),
+        )  # fmt: skip
+
     # --- what drivers ask ---------------------------------------------------------------------------
     def request_priority(self, sample: SampleProgress) -> int | None:
         return self.priority.priority(sample)
@@ -218,6 +242,11 @@ class SchedulingCore:
         return {p.name: len(p.queue) for p in self.pools()}
 
     # --- inside -------------------------------------------------------------------------------------
+    def _adapt(self, now: float) -> list[Grant]:
+        assert self.controller is not None
+        limit = self.controller.update(self.admission_signals())
+        return self.set_admission_limit(limit, now) if limit != self.admission_limit else []
+
     def _pool_for(self, ticket: StepTicket, route: bool) -> SlotPool:
         if ticket.step_index == ADMISSION_STEP:
             return self.admission

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ADMISSION_ORDERS = ("arrival", "longest_prior_first")
+ADMISSION_CONTROLS = ("adaptive", "static")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,9 @@ class SchedulingDefaults:
     inference_queue: str = "fifo"
     router: str = "trajectory_aware"
     priority: str = "chain_progress"
+    # "adaptive": the admission limit starts at max_active_samples and follows measured pressure
+    # (scheduling/admission_control.py); "static": it stays there
+    admission_control: str = "adaptive"
 
 
 DEFAULTS = SchedulingDefaults()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from agentbatch.scheduling.core import Grant, LoadHook, SchedulingCore
+from agentbatch.scheduling.admission_control import EngineCounters
+from agentbatch.scheduling.core import CountersHook, Grant, LoadHook, SchedulingCore
 from agentbatch.scheduling.policies import AdmissionLimits, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.types import SampleProgress, StepTicket, WorkerLoad
 
@@ -67,6 +69,15 @@ class Coordinator:
     @load_hook.setter
     def load_hook(self, hook: LoadHook | None) -> None:
         self.core.load_hook = hook
+
+    @property
+    def engine_counters(self) -> CountersHook | None:
+        """The engines' counters for adaptive admission (from the workers' /metrics)."""
+        return self.core.engine_counters
+
+    @engine_counters.setter
+    def engine_counters(self, hook: CountersHook | None) -> None:
+        self.core.engine_counters = hook
 
     @property
     def sticky(self) -> int:
@@ -144,3 +155,19 @@ class Coordinator:
             else:
                 future.set_result(g.slot)
         return mine
+
+
+def counters_from_workers(snapshots: Iterable[Any]) -> EngineCounters:
+    """Sum the workers' latest /metrics snapshots (`engines.metrics.WorkerMetrics`) for the admission
+    controller: vLLM exports no recomputed-token counter, so preemptions and the hit rate stand for it."""
+    snaps = [m for m in snapshots if m.ok]
+    if not snaps:
+        return EngineCounters()
+    kv = [m.kv_cache_usage for m in snaps if m.kv_cache_usage is not None]
+    return EngineCounters(
+        prompt_tokens=sum(m.prefix_cache_queries for m in snaps),
+        cached_tokens=sum(m.prefix_cache_hits for m in snaps),
+        preemptions=sum(m.preemptions for m in snaps),
+        kv_usage=sum(kv) / len(kv) if kv else 0.0,
+        waiting=sum(m.waiting for m in snaps),
+    )

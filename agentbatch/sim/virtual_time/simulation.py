@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentbatch.scheduling.admission_control import AdmissionController, EngineCounters, counters_from_metrics
 from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord, admission_sequence
 from agentbatch.scheduling.defaults import DEFAULTS
 from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority
@@ -78,6 +79,8 @@ class VirtualConfig:
     # (no engine contention: for scheduling what-ifs and the live/virtual parity test)
     inference: str = "engine"
     record_grants: bool = False  # keep the core's grant log in RawResult.grants
+    # "adaptive" (admission limit follows the engines' pressure, from max_active) or "static"
+    admission_control: str = DEFAULTS.admission_control
 
     def engine_profile(self) -> EngineProfile:
         return get_profile(self.profile, **self.profile_overrides)
@@ -134,6 +137,7 @@ class RawResult:
     router_counters: dict[str, int]
     aged_pops: int
     grants: list[GrantRecord] = field(default_factory=list)  # with VirtualConfig.record_grants
+    admission_limits: list[tuple[int, int, str]] = field(default_factory=list)  # (steps, limit, reason)
 
 
 STEP_FIELDS = (
@@ -213,6 +217,10 @@ class VirtualBatch:
         factory = engine_factory or _default_engine_factory
         self.engines = [factory(self.profile, n, engine_policy) for n in self.names]
         self._index = {n: i for i, n in enumerate(self.names)}
+        if config.admission_control == "adaptive" and not config.coupled:
+            self.core.enable_adaptive_admission(AdmissionController(config.max_active), self._engine_counters)
+        elif config.admission_control not in ("adaptive", "static"):
+            raise ValueError(f"admission_control must be 'adaptive' or 'static', got {config.admission_control!r}")
         self.busy = [False] * config.workers
         self._heap: list[tuple] = []
         self._seq = 0
@@ -232,6 +240,9 @@ class VirtualBatch:
         for load in loads:
             load.kv_usage = self.engines[self._index[load.name]].metrics()["kv_cache_usage_perc"]
         return loads
+
+    def _engine_counters(self) -> EngineCounters:
+        return counters_from_metrics([e.metrics() for e in self.engines])
 
     # --- event heap ----------------------------------------------------------------------------
     def _push(self, t: float, phase: int, kind: str, arg: Any) -> None:
@@ -393,4 +404,6 @@ class VirtualBatch:
             router_counters=self.core.router.decision_counts(),
             aged_pops=self.core.environment.queue.aged_pops,
             grants=list(self.core.log or []),
+            admission_limits=[(d.steps, d.limit, d.reason) for d in (self.core.controller.history
+                              if self.core.controller is not None else [])],
         )

@@ -1,0 +1,164 @@
+"""Adaptive admission: the admission limit follows measured pressure, on both clocks.
+
+The resource model's reference concurrency N_ref is where the limit starts. After every window of
+completed steps the controller reads what the engines and the core measured over that window and
+moves the limit (additive increase, multiplicative decrease, as TCP and Concur-style feedback
+admission do):
+
+- **back off on thrash**: the engines recomputed evicted prefixes (recomputed / prompt tokens above
+  `thrash_recompute`), preempted running requests (preemptions per completed step above
+  `thrash_preempt`), or the window's prefix-cache hit rate fell `thrash_hit_drop` below the best
+  window seen. Then the limit drops to `backoff` x the samples admitted now, so it bites at once;
+- **grow while the GPU idles**: samples wait for admission, no inference request waits (in the
+  engines or for a worker slot), KV usage is below `grow_kv`, and the environment queue is not
+  longer than the environment slots (so more samples would give the engines work, not the queue).
+
+It is pure: no clock, no I/O. The scheduling core feeds it (`SchedulingCore.enable_adaptive_admission`)
+on each completed step with its own queue lengths and the engines' cumulative counters from a hook
+(the engine model's metrics in virtual time, the workers' `/metrics` live), and applies its limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Engine-side measurements summed over the workers: counters cumulative, gauges current.
+    `recomputed_tokens` is None where the engine does not export it (vLLM): preemptions and the hit
+    rate then stand for it."""
+
+    prompt_tokens: float = 0.0
+    cached_tokens: float = 0.0  # prefix-cache hits (tokens)
+    preemptions: float = 0.0
+    recomputed_tokens: float | None = None
+    kv_usage: float = 0.0  # mean over the workers, 0..1
+    waiting: int = 0  # requests queued inside the engines
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSignals:
+    """One observation: the core's own state and the engines' counters."""
+
+    admitted: int  # samples admitted now
+    waiting_admission: int  # samples waiting to be admitted
+    env_queued: int  # environment actions waiting for a slot
+    env_slots: int
+    inference_queued: int  # inference calls waiting for a worker slot in the core
+    steps_completed: int = 0  # steps (both kinds) completed so far, counted by the core
+    engine: EngineCounters = field(default_factory=EngineCounters)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    window_steps: int = 0  # completed steps between decisions; 0 = max(8, start // 2)
+    floor_frac: float = 0.25  # the limit never goes below floor_frac x start (and never below 1)
+    ceiling: int | None = None  # the limit never goes above this (default 4 x start)
+    backoff: float = 0.75
+    grow_frac: float = 0.125  # additive step: max(1, grow_frac x limit)
+    thrash_recompute: float = 0.05
+    thrash_preempt: float = 0.01
+    thrash_hit_drop: float = 0.10
+    grow_kv: float = 0.70
+
+
+@dataclass(slots=True)
+class Decision:
+    """What one window decided (kept in `AdmissionController.history` for reports and tests)."""
+
+    steps: int
+    limit: int
+    reason: str  # "thrash", "grow" or "hold"
+    hit_rate: float | None
+
+
+class AdmissionController:
+    """Additive-increase / multiplicative-decrease admission limit (see the module docstring)."""
+
+    def __init__(self, start: int, settings: ControllerSettings | None = None) -> None:
+        if start < 1:
+            raise ValueError(f"the controller's start limit must be >= 1, got {start}")
+        self.settings = s = settings or ControllerSettings()
+        self.start = start
+        self.limit = start
+        self.floor = max(1, int(start * s.floor_frac))
+        self.ceiling = max(start, s.ceiling if s.ceiling is not None else 4 * start)
+        self.window = s.window_steps or max(8, start // 2)
+        self.history: list[Decision] = []
+        self._steps = 0
+        self._next_at = self.window
+        self._last: EngineCounters | None = None
+        self._best_hit: float | None = None
+        self._last_steps = 0
+
+    def due(self, steps_completed: int) -> bool:
+        """True when a window of steps has completed since the last decision."""
+        self._steps = steps_completed
+        return steps_completed >= self._next_at
+
+    def update(self, signals: AdmissionSignals) -> int:
+        """Decide on one window; returns the new limit."""
+        self._next_at = self._steps + self.window
+        eng = signals.engine
+        last, self._last = self._last, eng
+        if last is None:  # the first observation only sets the reference point
+            self._last_steps = signals.steps_completed
+            return self.limit
+        hit = _ratio(eng.cached_tokens - last.cached_tokens, eng.prompt_tokens - last.prompt_tokens)
+        steps, self._last_steps = signals.steps_completed - self._last_steps, signals.steps_completed
+        if self._thrashing(eng, last, hit, steps):
+            reason = "thrash"
+            base = min(self.limit, max(1, signals.admitted))
+            self.limit = max(self.floor, int(base * self.settings.backoff))
+        elif self._idle(signals):
+            reason = "grow"
+            self.limit = min(self.ceiling, self.limit + max(1, int(self.limit * self.settings.grow_frac)))
+        else:
+            reason = "hold"
+        if hit is not None:
+            self._best_hit = hit if self._best_hit is None else max(self._best_hit, hit)
+        self.history.append(Decision(self._steps, self.limit, reason, hit))
+        return self.limit
+
+    def _thrashing(self, eng: EngineCounters, last: EngineCounters, hit: float | None, steps: int) -> bool:
+        s = self.settings
+        prompt = eng.prompt_tokens - last.prompt_tokens
+        if eng.recomputed_tokens is not None and last.recomputed_tokens is not None:
+            recomputed = _ratio(eng.recomputed_tokens - last.recomputed_tokens, prompt)
+            if recomputed is not None and recomputed > s.thrash_recompute:
+                return True
+        preempt = _ratio(eng.preemptions - last.preemptions, steps)
+        if preempt is not None and preempt > s.thrash_preempt:
+            return True
+        return hit is not None and self._best_hit is not None and hit < self._best_hit - s.thrash_hit_drop
+
+    def _idle(self, sig: AdmissionSignals) -> bool:
+        return (
+            sig.waiting_admission > 0
+            and sig.admitted >= self.limit  # the limit, not the supply of samples, holds admission back
+            and sig.inference_queued == 0
+            and sig.engine.waiting == 0
+            and sig.engine.kv_usage < self.settings.grow_kv
+            and sig.env_queued <= sig.env_slots
+        )
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 else None
+
+
+def counters_from_metrics(workers: list[dict[str, float]]) -> EngineCounters:
+    """Sum engine-model metrics dicts (`EngineModel.metrics()`: vLLM's metric names) over workers.
+    Prefix-cache queries and hits count tokens there, as in vLLM."""
+    if not workers:
+        return EngineCounters()
+    total = {k: sum(m.get(k, 0.0) for m in workers) for k in workers[0]}
+    return EngineCounters(
+        prompt_tokens=total.get("prefix_cache_queries_total", 0.0),
+        cached_tokens=total.get("prefix_cache_hits_total", 0.0),
+        preemptions=total.get("num_preemptions_total", 0.0),
+        recomputed_tokens=total.get("recomputed_tokens_total"),
+        kv_usage=total.get("kv_cache_usage_perc", 0.0) / len(workers),
+        waiting=int(total.get("num_requests_waiting", 0.0)),
+    )
