@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ForeignKey, Integer, String, distinct, func, select
+from sqlalchemy import ForeignKey, Integer, String, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -196,7 +196,7 @@ def _mean_lengths(store: Any, batch_ids: list[int], task_ids: list[str]) -> dict
 def _contributing_batches(store: Any, task_ids: list[str], exclude_batch_id: int) -> int:
     batches: set[int] = set()
     for i in range(0, len(task_ids), 500):
-        q = (select(distinct(Sample.batch_id))
+        q = (select(Sample.batch_id).distinct()
              .where(Sample.task_id.in_(task_ids[i:i + 500]), Sample.batch_id != exclude_batch_id,
                     Sample.status == SampleStatus.COMPLETED))
         with store.session() as s:

@@ -16,6 +16,7 @@ matter (it lives as long as one command). Two ways to execute the runs:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ class DeploySpec:
     parameters: dict[str, Any]
     cron: str | None = None
     interval_s: float | None = None
+    anchor: datetime | None = None  # with interval_s: the runs fall on anchor + k x interval
     work_pool: str | None = None
     description: str | None = None
 
@@ -101,7 +103,7 @@ def build_deployment(spec: DeploySpec, paused: bool) -> Any:
     from prefect.schedules import Cron, Interval
     from prefect.types.entrypoint import EntrypointType
 
-    schedule = Cron(spec.cron) if spec.cron else Interval(float(spec.interval_s or 0))
+    schedule = Cron(spec.cron) if spec.cron else Interval(float(spec.interval_s or 0), anchor_date=spec.anchor)
     return scheduled_eval.to_deployment(
         name=spec.name, schedules=[schedule], parameters=spec.parameters, description=spec.description,
         tags=["agentbatch"], work_pool_name=spec.work_pool, paused=paused, entrypoint_type=EntrypointType.MODULE_PATH,

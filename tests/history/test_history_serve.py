@@ -149,6 +149,11 @@ def test_work_pool_form_and_bad_schedules(tmp_path, capsys) -> None:
     assert d.parameters["db_url"] == db and d.parameters["config"]["name"] == "nightly"
     assert cli("serve", "pooled") == 2  # served by the pool's workers, not by `serve`
     assert "pooled" in capsys.readouterr().err
+    assert cli("deploy", str(path), "--name", "anchored", "--interval", "86400", "--anchor", "2026-12-04T02:00:00",
+               "--db", db) == 0
+    schedule = asyncio.run(read_deployment("anchored")).schedules[0].schedule
+    assert schedule.interval.total_seconds() == 86400
+    assert schedule.anchor_date.isoformat().startswith("2026-12-04T02:00:00")  # UTC: no offset given
 
 
 async def resume(name: str) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
 
@@ -32,7 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", required=True, help="deployment name (letters, digits, - and _)")
     when = p.add_mutually_exclusive_group(required=True)
     when.add_argument("--cron", metavar="EXPR", help='cron schedule, e.g. "0 2 * * *" (02:00 UTC every night)')
-    when.add_argument("--interval", type=float, metavar="SECONDS", help="run every SECONDS seconds (the first run one interval after deploy)")
+    when.add_argument("--interval", type=float, metavar="SECONDS",
+                      help="run every SECONDS seconds (the first run one interval after deploy, or at --anchor)")
+    p.add_argument("--anchor", type=_anchor, default=None, metavar="TIME",
+                   help="with --interval: runs fall on TIME + k x SECONDS; TIME is ISO 8601 "
+                   "(2026-12-04T02:00:00+00:00; UTC when no offset is given)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted config field (engine.params.endpoints.0.model=ckpt-12; values are "
                    "JSON when they parse as JSON, else strings); tag=NAME labels the runs (checkpoint tag). "
@@ -50,6 +55,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="store the config file's path, read where each run executes, instead of its content "
                    "(for configs that carry secrets such as API keys)")
     p.set_defaults(func=main)
+
+
+def _anchor(text: str) -> datetime:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time such as 2026-12-04T02:00:00+00:00, got {text!r}") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _db_parameter(db: str | None) -> str | None:
@@ -100,8 +114,8 @@ def main(args: argparse.Namespace) -> int:
     from agentbatch.flows.config import ConfigError, load_config
     from agentbatch.flows.overrides import OverrideError, apply_overrides, find_secrets
 
-    if args.interval is not None and args.interval <= 0:
-        return fail(f"--interval: expected a positive number of seconds, got {args.interval:g}")
+    if problem := _schedule_problem(args):
+        return fail(problem)
     try:
         config, tag = apply_overrides(load_config(args.config), args.param)
         db = _db_parameter(args.db)
@@ -126,15 +140,28 @@ def main(args: argparse.Namespace) -> int:
         return fail(f"{args.config}: {exc}")
     if problem := server_ready():
         return fail(problem)
-    params = {"tag": tag, "db_url": db, "score_threshold": args.threshold,
-              "makespan_threshold": args.makespan_threshold,
-              "report_dir": str(args.report_dir.resolve()) if args.report_dir else None}
-    params.update({"config_path": str(args.config.resolve()), "overrides": args.param} if args.by_path
-                  else {"config": data})
-    return _register(args, DeploySpec(name=args.name, parameters=params, cron=args.cron, interval_s=args.interval,
-                                      work_pool=args.work_pool,
+    return _register(args, DeploySpec(name=args.name, parameters=_parameters(args, data, tag, db), cron=args.cron, interval_s=args.interval,
+                                      anchor=args.anchor, work_pool=args.work_pool,
                                       description=f"agentbatch scheduled eval of {args.config.name}"),
                      config_suite_key(data, [t[0] for t in tasks]), len(tasks))
+
+
+def _schedule_problem(args: argparse.Namespace) -> str | None:
+    if args.interval is not None and args.interval <= 0:
+        return f"--interval: expected a positive number of seconds, got {args.interval:g}"
+    if args.anchor is not None and args.interval is None:
+        return "--anchor: only with --interval"
+    return None
+
+
+def _parameters(args: argparse.Namespace, data: dict[str, Any], tag: str | None, db: str | None) -> dict[str, Any]:
+    """The deployment's parameters (the scheduled_eval flow's arguments)."""
+    params: dict[str, Any] = {"tag": tag, "db_url": db, "score_threshold": args.threshold,
+                              "makespan_threshold": args.makespan_threshold,
+                              "report_dir": str(args.report_dir.resolve()) if args.report_dir else None}
+    params.update({"config_path": str(args.config.resolve()), "overrides": args.param} if args.by_path
+                  else {"config": data})
+    return params
 
 
 def _register(args: argparse.Namespace, spec: DeploySpec, suite: str, n_tasks: int) -> int:
