@@ -149,39 +149,40 @@ def _serve_sim(port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("serve-sim did not start")
 
 
-def test_engine_dies_then_retry_runs_only_the_failed_samples(tmp_path: Path, sqlite_url: str) -> None:
-    port = _free_port()
-    server = _serve_sim(port)
+def _run_and_kill_engine(tmp_path: Path, store: Store, sqlite_url: str, port: int,
+                         server: subprocess.Popen[bytes]) -> subprocess.CompletedProcess[str]:
+    """Run a 12-sample batch against serve-sim; SIGKILL the server once 3 samples completed."""
     cfg = bfcl_config("engine-dies", limit=12)
     cfg["engine"] = {"kind": "openai", "params": {"endpoints": [
         {"name": "sim-0", "base_url": f"http://127.0.0.1:{port}/v1", "model": "tiny-cpu"}]}}
     cfg["scheduling"] = {"max_active_samples": 2, "env_slots": 2, "per_worker_inflight": 2}
     cfg["retries"] = {"environment": 1, "inference": 1, "backoff_s": 0.1}
+    args = [*CLI, "run", str(write_config(tmp_path, cfg)), "--no-progress"]
+    run = subprocess.Popen(args, env=cli_env(sqlite_url), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and run.poll() is None:
+        batches = store.list_batches()
+        if batches and store.status_counts(batches[0].id).get("completed", 0) >= 3:
+            break
+        time.sleep(0.2)
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+    out = run.communicate(timeout=600)[0]
+    return subprocess.CompletedProcess(args, run.returncode, out, "")
+
+
+def test_engine_dies_then_retry_runs_only_the_failed_samples(tmp_path: Path, sqlite_url: str) -> None:
+    port = _free_port()
     store = Store(sqlite_url)
-    run = subprocess.Popen([*CLI, "run", str(write_config(tmp_path, cfg)), "--no-progress"], env=cli_env(sqlite_url),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            batches = store.list_batches()
-            if batches and store.status_counts(batches[0].id).get("completed", 0) >= 3:
-                break
-            assert run.poll() is None, run.stdout.read() if run.stdout else ""
-            time.sleep(0.2)
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-        out = run.communicate(timeout=600)[0]
-    finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGKILL)
-    assert run.returncode == 1, out
+    first = _run_and_kill_engine(tmp_path, store, sqlite_url, port, _serve_sim(port))
+    assert first.returncode == 1, first.stdout
     batch_id = store.list_batches()[0].id
     failed_ids = {s.id for s in store.samples(batch_id) if s.status == "failed"}
     assert failed_ids and store.get_batch(batch_id).status in ("completed_with_failures", "failed")
     before = completions(store, batch_id)
     finished_before = {s.id: s.finished_at for s in store.samples(batch_id) if s.status == "completed"}
 
-    server = _serve_sim(port)
+    server = _serve_sim(port)  # the engine is back
     try:
         retried = run_cli(["retry", str(batch_id), "--no-progress"], sqlite_url)
     finally:
@@ -192,11 +193,9 @@ def test_engine_dies_then_retry_runs_only_the_failed_samples(tmp_path: Path, sql
     samples = {s.id: s for s in store.samples(batch_id)}
     assert all(s.status == "completed" for s in samples.values())
     assert store.get_batch(batch_id).status == "completed"
-    for sid, finished_at in finished_before.items():  # completed samples were not run again
-        assert samples[sid].finished_at == finished_at and samples[sid].retries == 0
+    # completed samples were not run again; each failed one was retried once
+    assert all(samples[sid].finished_at == t and samples[sid].retries == 0 for sid, t in finished_before.items())
     assert all(samples[sid].retries == 1 for sid in failed_ids)
     after = completions(store, batch_id)
     assert duplicates(store, batch_id) == {} and all(after[k] == v for k, v in before.items())
     store.close()
-
-
