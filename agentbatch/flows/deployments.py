@@ -93,6 +93,7 @@ class DeploySpec:
     cron: str | None = None
     interval_s: float | None = None
     anchor: datetime | None = None  # with interval_s: the runs fall on anchor + k x interval
+    on_event: str | None = None  # also a run per Prefect event of this name (tag: the event's resource name)
     work_pool: str | None = None
     description: str | None = None
 
@@ -107,7 +108,18 @@ def build_deployment(spec: DeploySpec, paused: bool) -> Any:
     return scheduled_eval.to_deployment(
         name=spec.name, schedules=[schedule], parameters=spec.parameters, description=spec.description,
         tags=["agentbatch"], work_pool_name=spec.work_pool, paused=paused, entrypoint_type=EntrypointType.MODULE_PATH,
+        triggers=[event_trigger(spec.on_event)] if spec.on_event else None,
     )
+
+
+def event_trigger(event: str) -> Any:
+    """A run per event named `event` (e.g. emitted by a training job after each checkpoint:
+    `prefect event emit agentbatch.checkpoint --resource-id ckpt.0412 --resource '{"prefect.resource.name":
+    "ckpt-0412"}'`), tagged with the event's resource name."""
+    from prefect.events import DeploymentEventTrigger
+
+    return DeploymentEventTrigger(expect={event}, match={"prefect.resource.id": "*"},
+                                  parameters={"tag": "{{ event.resource.name }}"})
 
 
 def deploy(spec: DeploySpec) -> str:

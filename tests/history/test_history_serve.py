@@ -173,3 +173,37 @@ def test_redeploy_keeps_a_served_schedule_active(tmp_path, capsys) -> None:
     assert cli(*args, "--param", "tag=ckpt-b") == 0
     d = asyncio.run(read_deployment("redeployed"))
     assert not d.paused and d.parameters["tag"] == "ckpt-b"
+
+
+async def deployment_runs(name: str) -> list:
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    async with get_client() as client:
+        d = await client.read_deployment_by_name(f"{FLOW_NAME}/{name}")
+        return await client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[d.id])))
+
+
+async def delete_runs(runs: list) -> None:
+    from prefect import get_client
+
+    async with get_client() as client:
+        for r in runs:
+            await client.delete_flow_run(r.id)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_an_event_starts_a_tagged_run(tmp_path) -> None:
+    from prefect.events import emit_event
+
+    path = write_config(tmp_path / "nightly.yaml", config())
+    assert cli("deploy", str(path), "--name", "on-checkpoint", "--cron", "0 4 * * *", "--db",
+               f"sqlite:///{tmp_path}/e.sqlite", "--on-event", "agentbatch.test.checkpoint") == 0
+    time.sleep(2)  # the automation reaches the server's trigger service
+    emit_event(event="agentbatch.test.checkpoint",
+               resource={"prefect.resource.id": "checkpoint.77", "prefect.resource.name": "ckpt-77"})
+    deadline = time.monotonic() + 60
+    while not (runs := asyncio.run(deployment_runs("on-checkpoint"))) and time.monotonic() < deadline:
+        time.sleep(2)
+    asyncio.run(delete_runs(runs))  # nobody serves it here
+    assert [r.parameters["tag"] for r in runs] == ["ckpt-77"]

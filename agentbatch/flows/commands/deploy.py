@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--anchor", type=_anchor, default=None, metavar="TIME",
                    help="with --interval: runs fall on TIME + k x SECONDS; TIME is ISO 8601 "
                    "(2026-12-04T02:00:00+00:00; UTC when no offset is given)")
+    p.add_argument("--on-event", default=None, metavar="EVENT",
+                   help="also start a run for each Prefect event named EVENT (e.g. emitted by a training job "
+                   "after each checkpoint), tagged with the event's resource name; see docs/history.md")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted config field (engine.params.endpoints.0.model=ckpt-12; values are "
                    "JSON when they parse as JSON, else strings); tag=NAME labels the runs (checkpoint tag). "
@@ -141,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
     if problem := server_ready():
         return fail(problem)
     return _register(args, DeploySpec(name=args.name, parameters=_parameters(args, data, tag, db), cron=args.cron, interval_s=args.interval,
-                                      anchor=args.anchor, work_pool=args.work_pool,
+                                      anchor=args.anchor, on_event=args.on_event, work_pool=args.work_pool,
                                       description=f"agentbatch scheduled eval of {args.config.name}"),
                      config_suite_key(data, [t[0] for t in tasks]), len(tasks))
 
@@ -172,6 +175,7 @@ def _register(args: argparse.Namespace, spec: DeploySpec, suite: str, n_tasks: i
     except ValueError as exc:  # a bad cron expression or deployment name, an unknown work pool
         return fail(f"cannot register the deployment: {exc}")
     when = f"cron {args.cron!r}" if args.cron else f"every {args.interval:g} s"
+    when += f", and on each event {args.on_event!r}" if args.on_event else ""
     print(f"deployment {FLOW_NAME}/{args.name} ({deployment_id}) registered: {when}, suite {suite} "
           f"({n_tasks} tasks)")
     if args.work_pool:
