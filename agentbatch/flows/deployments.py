@@ -114,8 +114,8 @@ def build_deployment(spec: DeploySpec, paused: bool) -> Any:
 
 def event_trigger(event: str) -> Any:
     """A run per event named `event` (e.g. emitted by a training job after each checkpoint:
-    `prefect event emit agentbatch.checkpoint --resource-id ckpt.0412 --resource '{"prefect.resource.name":
-    "ckpt-0412"}'`), tagged with the event's resource name."""
+    `prefect event emit agentbatch.checkpoint --resource-id ckpt.0412 --resource
+    prefect.resource.name=ckpt-0412`), tagged with the event's resource name."""
     from prefect.events import DeploymentEventTrigger
 
     return DeploymentEventTrigger(expect={event}, match={"prefect.resource.id": "*"},
