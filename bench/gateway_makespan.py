@@ -93,8 +93,10 @@ async def run_sample(sample: TraceSample, openai: AsyncOpenAI, tools: Tools, env
 async def drive(samples: list[TraceSample], workers: list[str], mcp_url: str, env_scale: float, *,
                 gateway_url: str | None, env_slots: int) -> float:
     """Run every sample; returns the makespan (s)."""
-    clients = [AsyncOpenAI(base_url=(gateway_url + "/v1") if gateway_url else w, api_key="unused",
-                           max_retries=0, timeout=1800) for w in ([gateway_url] if gateway_url else workers)]
+    # The SDK's default retries stay on: a worker closes idle keep-alive connections, and a request
+    # may meet one being closed.
+    clients = [AsyncOpenAI(base_url=(gateway_url + "/v1") if gateway_url else w, api_key="unused", timeout=1800)
+               for w in ([gateway_url] if gateway_url else workers)]
     async with Client(mcp_url) as mcp:
         tools = Tools(mcp, None if gateway_url else env_slots, via_gateway=gateway_url is not None)
         start = time.perf_counter()
@@ -155,11 +157,16 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=0.25, help="wall seconds per engine second")
     parser.add_argument("--env-scale", type=float, default=0.25, help="factor on recorded tool times")
     parser.add_argument("--per-worker-inflight", type=int, default=64)
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs and the store here (default: temp)")
     args = parser.parse_args()
     caps = dict(get_family(args.family).capacities)
     load = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="agentbatch-gw-makespan-") as tmpdir:
-        tmp = Path(tmpdir)
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentbatch-gw-makespan-")))
+        else:
+            tmp = args.workdir
+            tmp.mkdir(parents=True, exist_ok=False)
         path = write_trace(generate(args.family, args.samples, seed=args.seed), tmp / "recorded.parquet")
         samples = read_trace(path).samples
         direct, d_info = run_mode(samples, args, tmp, False, caps)

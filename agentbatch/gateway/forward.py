@@ -32,7 +32,8 @@ class WorkerPool:
         if not endpoints:
             raise ValueError("the gateway needs at least one engine worker endpoint")
         self.endpoints = {e.name: e for e in endpoints}
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+        # Idle connections are dropped after 4 s, before a worker's server closes them (uvicorn: 5 s).
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512, keepalive_expiry=4.0)
         self.clients = {
             e.name: httpx.AsyncClient(
                 base_url=e.base_url.rstrip("/"), timeout=timeout_s, limits=limits,

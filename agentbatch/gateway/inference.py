@@ -105,10 +105,39 @@ async def _answer(state: GatewayState, held: HeldSlot, resp: httpx.Response) -> 
     return Response(resp.content, status_code=resp.status_code, media_type="application/json")
 
 
+class _GuardedStream(StreamingResponse):
+    """A streaming response whose clean-up runs even when the body was never iterated (the client
+    went away before the first byte): the slot must be given back either way."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[bool], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.cleanup = cleanup
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.cleanup(False)
+
+
 def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usage: bool) -> Response:
     """Pass the worker's SSE events through as they come; record the rebuilt answer at the end."""
     acc = StreamAccumulator()
     state.counters.streamed += 1
+    closed = False
+
+    def cleanup(completed: bool) -> None:
+        nonlocal closed
+        if closed:
+            return
+        closed = True
+        finished = state.clock()
+        if completed:
+            outcome = outcome_of(acc.data(), acc.message(), held.ticket.worker or "")
+            state.recorder.complete(held.key, held.kind, outcome, finished)
+        else:
+            state.recorder.fail(held.key, "stream interrupted", finished)
+        _done(state, held, completed=completed, answered=completed and is_answer(acc.message()))
 
     async def events() -> AsyncIterator[bytes]:
         completed = False
@@ -121,15 +150,9 @@ def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usag
             completed = True
         finally:
             await resp.aclose()
-            finished = state.clock()
-            if completed:
-                outcome = outcome_of(acc.data(), acc.message(), held.ticket.worker or "")
-                state.recorder.complete(held.key, held.kind, outcome, finished)
-            else:
-                state.recorder.fail(held.key, "stream interrupted", finished)
-            _done(state, held, completed=completed, answered=completed and is_answer(acc.message()))
+            cleanup(completed)
 
-    return StreamingResponse(events(), status_code=resp.status_code, media_type="text/event-stream")
+    return _GuardedStream(events(), cleanup, status_code=resp.status_code, media_type="text/event-stream")
 
 
 async def _read_body(request: Request) -> dict[str, Any] | Response:

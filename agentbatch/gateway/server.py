@@ -167,8 +167,10 @@ def uvicorn_server(gateway: Gateway, *, graceful_s: float = 30.0) -> Any:
     POST /v1/batch/finish stops it as SIGTERM does."""
     import uvicorn
 
+    # Idle keep-alive connections are kept 75 s (uvicorn's default is 5 s, the same as httpx's client
+    # expiry): a client then always drops an idle connection before the server closes it under a request.
     config = uvicorn.Config(gateway.app(), log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=graceful_s)
+                            timeout_graceful_shutdown=graceful_s, timeout_keep_alive=75)
     server = uvicorn.Server(config)
 
     def stop() -> None:

@@ -39,6 +39,35 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def assert_every_call_recorded(samples: dict, by_sample: dict, calls: dict) -> None:
+    """Every call the harness made is one step row, indices in order, with tokens and its worker."""
+    for sample_id, rows in by_sample.items():
+        task_id = samples[sample_id].task_id
+        assert len(rows) == calls[task_id], task_id
+        assert [r.index for r in sorted(rows, key=lambda r: r.started_at)] == list(range(len(rows)))
+        assert samples[sample_id].steps_done == len(rows)
+    steps = [r for rows in by_sample.values() for r in rows]
+    assert all(r.worker in ("w0", "w1") and r.prompt_tokens and r.output_tokens for r in steps)
+    assert sum(r.cached_prompt_tokens or 0 for r in steps) > 0.5 * sum(r.prompt_tokens for r in steps)
+
+
+def assert_routed_back(by_sample: dict) -> None:
+    """>= 90 % of each sample's later calls go back to its previous worker; both workers serve."""
+    for rows in by_sample.values():
+        rows.sort(key=lambda r: r.index)
+        repeats = list(zip(rows, rows[1:], strict=False))
+        same = sum(a.worker == b.worker for a, b in repeats)
+        assert same >= 0.9 * len(repeats), [r.worker for r in rows]
+    assert {rows[0].worker for rows in by_sample.values()} == {"w0", "w1"}
+
+
+def assert_in_flight_limits(steps: list) -> None:
+    """From the recorded intervals: never more than PER_WORKER requests at once on a worker, and the
+    limit was reached (so it was tested)."""
+    peaks = [max_overlap([(r.started_at, r.finished_at) for r in steps if r.worker == w]) for w in ("w0", "w1")]
+    assert max(peaks) == PER_WORKER
+
+
 async def drive(base_url: str, workload: BfclWorkload, task_ids: list[str], *, stream_every: int = 5):
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
     calls: dict[str, int] = defaultdict(int)
@@ -81,31 +110,9 @@ def test_fifty_bfcl_samples_through_the_gateway(sqlite_url, tmp_path):
     by_sample: dict[int, list] = defaultdict(list)
     for s in steps:
         by_sample[s.sample_id].append(s)
-
-    # Every call the harness made is one step row, indices in order, with tokens and its worker.
-    for sample_id, rows in by_sample.items():
-        task_id = samples[sample_id].task_id
-        assert len(rows) == calls[task_id], task_id
-        assert [r.index for r in sorted(rows, key=lambda r: r.started_at)] == list(range(len(rows)))
-        assert samples[sample_id].steps_done == len(rows)
-    assert all(r.worker in ("w0", "w1") and r.prompt_tokens and r.output_tokens for r in steps)
-    assert sum(r.cached_prompt_tokens or 0 for r in steps) > 0.5 * sum(r.prompt_tokens for r in steps)
-
-    # Trajectory-aware routing: >= 90 % of each sample's later calls go back to its previous worker,
-    # and both workers serve samples.
-    for rows in by_sample.values():
-        rows.sort(key=lambda r: r.index)
-        repeats = list(zip(rows, rows[1:], strict=False))
-        same = sum(a.worker == b.worker for a, b in repeats)
-        assert same >= 0.9 * len(repeats), [r.worker for r in rows]
-    assert {rows[0].worker for rows in by_sample.values()} == {"w0", "w1"}
-
-    # In-flight limits, from the recorded intervals: per worker, and samples with a step running.
-    for worker in ("w0", "w1"):
-        peak = max_overlap([(r.started_at, r.finished_at) for r in steps if r.worker == worker])
-        assert peak <= PER_WORKER
-    assert max(max_overlap([(r.started_at, r.finished_at) for r in steps if r.worker == w])
-               for w in ("w0", "w1")) == PER_WORKER  # the limit was reached, so it was tested
+    assert_every_call_recorded(samples, by_sample, calls)
+    assert_routed_back(by_sample)
+    assert_in_flight_limits(steps)
 
     # The report renders and the summary reads the batch like any other.
     index = write_report(store, [batch_id], tmp_path / "report")

@@ -75,7 +75,7 @@ def test_sigterm_ends_the_batch_cleanly(tmp_path):
     with sim_workers(1) as endpoints:
         path = write_config(tmp_path / "gw.yaml", {
             "name": "cli-gw", "engine": {"kind": "openai", "params": {"endpoints": [
-                {"name": "w0", "base_url": endpoints[0].base_url, "model": MODEL}]}}})
+                {"name": "w0", "base_url": endpoints[0].base_url, "model": MODEL, "api_key": "sk-secret-123"}]}}})
         proc = subprocess.Popen(
             [sys.executable, "-m", "agentbatch.flows.cli", "gateway", "--config", str(path), "--db", db,
              "--port", str(port), "--no-prefect", "--no-progress"],
@@ -104,6 +104,7 @@ def test_sigterm_ends_the_batch_cleanly(tmp_path):
     store = Store(db)
     (batch,) = store.list_batches()
     assert batch.status == "completed" and batch.name == "cli-gw"
+    assert "sk-secret-123" not in str(batch.config) and "sk-secret-123" not in out  # never stored or printed
     (step,) = store.steps(batch.id)
     assert step.status == "completed" and step.output_tokens == 3
 

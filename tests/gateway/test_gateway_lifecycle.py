@@ -36,6 +36,14 @@ def test_sample_identification_order():
     assert tool_sample_key({"mcp-session-id": "abc"}, None) == "mcp-abc"
 
 
+def finish_b(base_url: str) -> None:
+    """An explicit finish with a score; an unknown sample is a 404, a bad score a 400."""
+    r = httpx.post(base_url + "/v1/samples/B/finish", json={"score": 0.5, "result": {"note": "ok"}})
+    assert r.status_code == 200
+    assert httpx.post(base_url + "/v1/samples/nobody/finish").status_code == 404
+    assert httpx.post(base_url + "/v1/samples/B/finish", json={"score": "high"}).status_code == 400
+
+
 def test_admission_waits_and_samples_end_on_answer_idle_and_finish(sqlite_url):
     """One admission slot: a second sample's first request waits until the first sample ends (here
     by its idle timeout; its answer does not end it with end_on_answer off)."""
@@ -51,11 +59,7 @@ def test_admission_waits_and_samples_end_on_answer_idle_and_finish(sqlite_url):
             assert second.status_code == 200
             status = httpx.get(gw.base_url + "/v1/batch").json()
             assert status["peaks"]["admission"] == 1 and status["ended"] >= 1
-            # An explicit finish with a score; an unknown sample is a 404.
-            r = httpx.post(gw.base_url + "/v1/samples/B/finish", json={"score": 0.5, "result": {"note": "ok"}})
-            assert r.status_code == 200
-            assert httpx.post(gw.base_url + "/v1/samples/nobody/finish").status_code == 404
-            assert httpx.post(gw.base_url + "/v1/samples/B/finish", json={"score": "high"}).status_code == 400
+            finish_b(gw.base_url)
             batch_id = gw.batch_id
     assert waited >= 1.0  # B could not start before A's idle timeout ended A
     rows = {s.task_id: s for s in store.samples(batch_id)}

@@ -124,7 +124,7 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
 
     run = FlowRunContext.get()
     store = Store(options["db"])
-    batch = GatewayBatch(config.name, config.model_dump(mode="json"),
+    batch = GatewayBatch(config.name, stored_config(config),
                          flow_run_id=str(run.flow_run.id) if run and run.flow_run else None)
     gateway = Gateway(store, build_coordinator(config, [e.name for e in endpoints]), endpoints,
                       batch=batch, upstreams=upstreams,
@@ -147,6 +147,17 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
         print(f"report: {report_path}")
     store.close()
     return gateway.batch_id
+
+
+def stored_config(config: Any) -> dict[str, Any]:
+    """The config as the batch records it: API keys of the endpoints are not stored."""
+    data = config.model_dump(mode="json")
+    endpoints = data["engine"]["params"].get("endpoints")
+    if isinstance(endpoints, list):
+        for endpoint in endpoints:
+            if isinstance(endpoint, dict) and endpoint.get("api_key"):
+                endpoint["api_key"] = "(not stored)"
+    return data
 
 
 async def _watch(gateway: Any, options: dict[str, Any]) -> None:
