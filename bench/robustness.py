@@ -13,8 +13,9 @@ baseline and to the lower bound LB; the last line is
 
 Scale: `--scale f` shrinks the batch (samples x f) and the hardware with it (slots x f, and each
 engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-token contexts), so a cell keeps the samples-per-slot and
-samples-per-KV ratios of the full-size regime while running in seconds. Usage:
-  .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--jobs 2]
+samples-per-KV ratios of the full-size regime. Cells run interleaved (slots, then workers, outermost)
+and the run stops starting cells after --budget-s, summarising those that ran (it says how many).
+Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--jobs 2] [--budget-s 540]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, TimeoutError, as_completed
 from dataclasses import dataclass
 from itertools import product
 
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=float, default=0.05, help="batch and hardware scale (default 0.05)")
     ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
     ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
+    ap.add_argument("--budget-s", type=float, default=540.0,
+                    help="stop starting cells after this many seconds and summarise those that ran (default 540)")
     args = ap.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
@@ -124,17 +127,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --families must name {sorted(FAMILIES)} and --scale be in (0, 1]; got {unknown or args.scale}",
               file=sys.stderr)  # fmt: skip
         return 2
-    cells = [Cell(f, m, w, p, args.scale, args.seed) for f, p, m, w in product(families, PROFILES, SLOT_MULTS, WORKERS)]
+    # Interleaved (slots, workers outermost) so a --budget-s run covers every family and profile.
+    cells = [Cell(f, m, w, p, args.scale, args.seed) for m, w, f, p in product(SLOT_MULTS, WORKERS, families, PROFILES)]
     print(f"# scale {args.scale}: samples, env slots and engine KV blocks / max_num_seqs / state slots x{args.scale}; "
-          f"{len(cells)} cells; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+          f"{len(cells)} cells; budget {args.budget_s:.0f}s; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     print("# baselines per cell (in order): (a) coupled, best limit of {S/4,S/2,S}; (b) decoupled FIFO, all admitted; "
           "(c) coupled at slots (paper)", flush=True)  # fmt: skip
     t0 = time.perf_counter()
     results: list[CellResult] = []
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for r in pool.map(run_cell, cells):
-            results.append(r)
-            print(_line(r), flush=True)
+    pool = ProcessPoolExecutor(max_workers=max(1, args.jobs))
+    try:
+        futures = [pool.submit(run_cell, c) for c in cells]
+        for fut in as_completed(futures, timeout=args.budget_s):
+            results.append(fut.result())
+            print(_line(results[-1]), flush=True)
+    except TimeoutError:
+        print(f"# budget of {args.budget_s:.0f}s spent: {len(results)} of {len(cells)} cells ran", flush=True)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(getattr(pool, "_processes", {}).values()):  # cells still running: stop them
+            proc.terminate()
     return _summary(results, time.perf_counter() - t0)
 
 
@@ -147,6 +159,7 @@ def _summary(results: list[CellResult], wall: float) -> int:
           f"{all(r.scores_same for r in results)}")  # fmt: skip
     print("# hardest cells (default / best baseline): " + "; ".join(
         f"{r.cell.family}/{r.cell.profile}/S={r.env_slots}/w={r.cell.workers} x{x:.3f}" for x, r in hardest))
+    print(f"# {len(results)} cells ran")
     print(f"cells worse than best baseline: {worse} of {len(results)}; geomean vs best baseline {_geomean(ratios):.3f}; "
           f"geomean vs LB {_geomean(lbs):.3f}")  # fmt: skip
     return 0

@@ -37,7 +37,7 @@ from agentbatch.scheduling.core import admission_sequence
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.chain import direct_executor, drive_all, run_sample
-from agentbatch.tasks.coordinator import Coordinator
+from agentbatch.tasks.coordinator import Coordinator, counters_from_workers
 from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_lean, run_sample_visible
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 from agentbatch.tasks.steps import BatchContext, RetryPolicy
@@ -80,7 +80,7 @@ def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool =
     limits = AdmissionLimits(max_active_samples=s.max_active_samples, env_slots=s.env_slots,
                              per_worker_inflight=s.per_worker_inflight, coupled=s.coupled)
     core = registry.build_core(
-        limits, workers, record=record,
+        limits, workers, record=record, admission_control=s.admission_control,
         # Policies resolved as plugins (registered names, entry points, "module:Class"), params checked.
         **{k: registry.PolicyChoice(*config.policy(k)) for k in ("env_queue", "inference_queue", "router", "priority")},
     )  # fmt: skip
@@ -203,6 +203,7 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
     scraper = MetricsScraper(endpoints, store=store, batch_id=batch.batch_id) if endpoints else None
     if scraper is not None:
         batch.coordinator.load_hook = scraper.fill_loads
+        batch.coordinator.engine_counters = lambda: counters_from_workers(scraper.latest.values())
     try:
         async with scraper or contextlib.nullcontext(), live.keeper:
             await drive_all(live.keeper.run(s.id, drive(s)) for s in live.todo)

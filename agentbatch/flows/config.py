@@ -82,6 +82,12 @@ class SchedulingConfig(_Strict):
         description="order samples are admitted in: as listed, or longest recorded chain (earlier batches "
         "of the same task ids) first, unknown ones after; the same as arrival when there is no history",
     )
+    admission_control: Literal["adaptive", "static"] = Field(
+        DEFAULTS.admission_control,  # type: ignore[arg-type]
+        description="adaptive: the admission limit starts at max_active_samples and follows the engines' "
+        "measured pressure (backs off on KV thrash, grows while the GPU idles; docs/ablation.md); "
+        "static: it stays at max_active_samples. Ignored when coupled",
+    )
     # Defaults are the coordination policies (the ablation in docs/ablation.md); the baseline is
     # coupled: true, env_queue fifo, router round_robin, priority fcfs.
     env_queue: PolicyRef = Field(default_factory=lambda: PolicyRef(name=DEFAULTS.env_queue),

@@ -9,7 +9,8 @@ admission do):
   `thrash_recompute`), preempted running requests (preemptions per completed step above
   `thrash_preempt`), or the window's prefix-cache hit rate fell `thrash_hit_drop` below the best
   window seen. Then the limit drops to `backoff` x the samples admitted now, so it bites at once;
-- **grow while the GPU idles**: samples wait for admission, no inference request waits (in the
+- **grow while the GPU idles** (back up to the ceiling, by default the start: the configured limit
+  stays a hard cap): samples wait for admission, no inference request waits (in the
   engines or for a worker slot), KV usage is below `grow_kv`, and the environment queue is not
   longer than the environment slots (so more samples would give the engines work, not the queue).
 
@@ -54,7 +55,9 @@ class AdmissionSignals:
 class ControllerSettings:
     window_steps: int = 0  # completed steps between decisions; 0 = max(8, start // 2)
     floor_frac: float = 0.25  # the limit never goes below floor_frac x start (and never below 1)
-    ceiling: int | None = None  # the limit never goes above this (default 4 x start)
+    # the limit never goes above this; default: the start, so the configured limit stays a hard cap
+    # (it grows back to it after a backoff)
+    ceiling: int | None = None
     backoff: float = 0.75
     grow_frac: float = 0.125  # additive step: max(1, grow_frac x limit)
     thrash_recompute: float = 0.05
@@ -83,7 +86,7 @@ class AdmissionController:
         self.start = start
         self.limit = start
         self.floor = max(1, int(start * s.floor_frac))
-        self.ceiling = max(start, s.ceiling if s.ceiling is not None else 4 * start)
+        self.ceiling = max(start, s.ceiling) if s.ceiling is not None else start
         self.window = s.window_steps or max(8, start // 2)
         self.history: list[Decision] = []
         self._steps = 0

@@ -11,8 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentbatch.scheduling.admission_control import AdmissionController
 from agentbatch.scheduling.caas import CaasHistoryQueue, CaasQueue
 from agentbatch.scheduling.core import LoadHook, SchedulingCore
+from agentbatch.scheduling.defaults import ADMISSION_CONTROLS, DEFAULTS
 from agentbatch.scheduling.policies import (
     AdmissionLimits,
     FcfsPriority,
@@ -92,10 +94,15 @@ def build_core(
     priority: PolicyChoice,
     load_hook: LoadHook | None = None,
     record: bool = False,
+    admission_control: str = DEFAULTS.admission_control,
 ) -> SchedulingCore:
     """The scheduling core of a batch with its policies made from their names: the one place the
-    live runner and virtual time build it."""
-    return SchedulingCore(
+    live runner and virtual time build it. "adaptive" admission control (not when coupled) gives it
+    the admission controller, starting at `limits.max_active_samples`; the driver then sets
+    `core.engine_counters` where it can measure the engines."""
+    if admission_control not in ADMISSION_CONTROLS:
+        raise ValueError(f"admission_control must be one of {ADMISSION_CONTROLS}, got {admission_control!r}")
+    core = SchedulingCore(
         limits, list(workers),
         env_queue=make_queue(env_queue.name, **env_queue.params),
         inference_queues={w: make_queue(inference_queue.name, **inference_queue.params) for w in workers},
@@ -103,3 +110,6 @@ def build_core(
         priority=make_priority(priority.name, **priority.params),
         load_hook=load_hook, record=record,
     )  # fmt: skip
+    if admission_control == "adaptive" and not limits.coupled:
+        core.enable_adaptive_admission(AdmissionController(limits.max_active_samples), None)
+    return core

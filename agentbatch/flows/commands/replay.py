@@ -63,6 +63,9 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
                    help="baseline: a sample holds an environment slot while admitted")
     g.add_argument("--admission-order", choices=ADMISSION_ORDERS, default=DEFAULTS.admission_order,
                    help="as listed, or longest prior chain first (priors from --priors; none: as listed)")
+    g.add_argument("--admission-control", choices=("adaptive", "static"), default=DEFAULTS.admission_control,
+                   help="adaptive: the admission limit starts at --max-active and follows the engines' pressure; "
+                   "static: it stays there")
     queues = " | ".join(sorted(registry.QUEUE_POLICIES))
     g.add_argument("--router", default=DEFAULTS.router, help="which engine worker serves a sample's next "
                    f"inference call: {' | '.join(sorted(registry.ROUTERS))}")
@@ -169,7 +172,7 @@ def _virtual(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int
     cfg = VirtualConfig(
         workers=args.workers, profile=args.profile, max_active=args.max_active, env_slots=args.env_slots,
         per_worker_inflight=args.per_worker_inflight, coupled=args.coupled, admission_order=args.admission_order,
-        env_time_scale=args.time_scale, priors=_priors(args), inference=args.inference,
+        admission_control=args.admission_control, env_time_scale=args.time_scale, priors=_priors(args), inference=args.inference,
         **{k: PolicySpec(getattr(args, k), params[k]) for k in POLICY_KINDS},
     )  # fmt: skip
     try:
@@ -223,7 +226,7 @@ def live_batch_config(args: argparse.Namespace, params: dict[str, dict[str, Any]
         "scheduling": {
             "max_active_samples": args.max_active, "env_slots": args.env_slots, "coupled": args.coupled,
             "per_worker_inflight": args.per_worker_inflight, "admission_order": args.admission_order,
-            "priors": priors, **{k: {"name": getattr(args, k), "params": params[k]} for k in POLICY_KINDS},
+            "admission_control": args.admission_control, "priors": priors, **{k: {"name": getattr(args, k), "params": params[k]} for k in POLICY_KINDS},
         },
         "limits": {"max_steps": 100_000},
     })  # fmt: skip

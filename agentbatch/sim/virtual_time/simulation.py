@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentbatch.scheduling.admission_control import AdmissionController, EngineCounters, counters_from_metrics
+from agentbatch.scheduling.admission_control import EngineCounters, counters_from_metrics
 from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord, admission_sequence
 from agentbatch.scheduling.defaults import DEFAULTS
 from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority
@@ -209,7 +209,8 @@ class VirtualBatch:
         self.names = [f"sim-{i}" for i in range(config.workers)]
         self.core = build_core(self.limits, self.names, env_queue=config.env_queue,
                                inference_queue=config.inference_queue, router=config.router,
-                               priority=config.priority, record=config.record_grants)  # fmt: skip
+                               priority=config.priority, record=config.record_grants,
+                               admission_control=config.admission_control)  # fmt: skip
         self.router = self.core.router
         if self.core.router.wants_kv_usage:  # as a live router reads vllm:kv_cache_usage_perc from /metrics
             self.core.load_hook = self._kv_loads
@@ -217,10 +218,8 @@ class VirtualBatch:
         factory = engine_factory or _default_engine_factory
         self.engines = [factory(self.profile, n, engine_policy) for n in self.names]
         self._index = {n: i for i, n in enumerate(self.names)}
-        if config.admission_control == "adaptive" and not config.coupled:
-            self.core.enable_adaptive_admission(AdmissionController(config.max_active), self._engine_counters)
-        elif config.admission_control not in ("adaptive", "static"):
-            raise ValueError(f"admission_control must be 'adaptive' or 'static', got {config.admission_control!r}")
+        if self.core.controller is not None:  # adaptive admission reads the engine models' counters
+            self.core.engine_counters = self._engine_counters
         self.busy = [False] * config.workers
         self._heap: list[tuple] = []
         self._seq = 0
