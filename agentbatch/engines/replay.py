@@ -104,7 +104,7 @@ def build_replay_workers(params: dict[str, Any], workload: Any) -> list[ReplayEn
     if p.inner == "openai":
         from agentbatch.engines.openai_http import build_openai_workers
 
-        inner = build_openai_workers(p.model_dump(include={"endpoints", "timeout_s"}), workload)
+        inner = build_openai_workers(p.model_dump(include={"endpoints", "timeout_s"}, exclude_none=True), workload)
         return [ReplayEngine(e.name, workload, inner=e) for e in inner]
     timing = p.timing.model_dump() if p.timing else None
     return [ReplayEngine(f"replay-{i}", workload, timing=make_timing(timing)) for i in range(p.workers)]
