@@ -8,7 +8,7 @@ admission do):
 - **back off on thrash**: the engines recomputed evicted prefixes (recomputed / prompt tokens above
   `thrash_recompute`), preempted running requests (preemptions per completed step above
   `thrash_preempt`), or the window's prefix-cache hit rate fell `thrash_hit_drop` below the best
-  window seen. Then the limit drops to `backoff` x the samples admitted now, so it bites at once;
+  window seen while KV usage is at least `thrash_kv`. Then the limit drops to `backoff` x the samples admitted now, so it bites at once;
 - **grow while the GPU idles** (back up to the ceiling, by default the start: the configured limit
   stays a hard cap): samples wait for admission, no inference request waits (in the
   engines or for a worker slot), KV usage is below `grow_kv`, and the environment queue is not
@@ -63,6 +63,7 @@ class ControllerSettings:
     thrash_recompute: float = 0.05
     thrash_preempt: float = 0.01
     thrash_hit_drop: float = 0.10
+    thrash_kv: float = 0.85  # the hit-rate drop counts only with KV usage at least this
     grow_kv: float = 0.70
 
 
@@ -134,7 +135,10 @@ class AdmissionController:
         preempt = _ratio(eng.preemptions - last.preemptions, steps)
         if preempt is not None and preempt > s.thrash_preempt:
             return True
-        return hit is not None and self._best_hit is not None and hit < self._best_hit - s.thrash_hit_drop
+        # A lower hit rate alone is often just other tasks' prompts; it means eviction only when the
+        # cache is full.
+        return (hit is not None and self._best_hit is not None and hit < self._best_hit - s.thrash_hit_drop
+                and eng.kv_usage >= s.thrash_kv)
 
     def _idle(self, sig: AdmissionSignals) -> bool:
         return (
