@@ -115,7 +115,7 @@ class AdmissionController:
             reason = "thrash"
             base = min(self.limit, max(1, signals.admitted))
             self.limit = max(self.floor, int(base * self.settings.backoff))
-        elif self._idle(signals):
+        elif self.limit < self.ceiling and self._idle(signals):
             reason = "grow"
             self.limit = min(self.ceiling, self.limit + max(1, int(self.limit * self.settings.grow_frac)))
         else:
