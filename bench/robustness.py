@@ -13,9 +13,8 @@ baseline and to the lower bound LB; the last line is
 
 Scale: `--scale f` shrinks the batch (samples x f) and the hardware with it (slots x f, and each
 engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-token contexts), so a cell keeps the samples-per-slot and
-samples-per-KV ratios of the full-size regime.
-and the run stops after --budget-s, summarising the cells that ran (a uniform sample: cells run in a
-fixed shuffled order; it says how many).
+samples-per-KV ratios of the full-size regime. The run stops after --budget-s and summarises the
+cells that ran (a uniform sample: cells run in a fixed shuffled order; it says how many).
 Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--jobs 2] [--budget-s 540]
 """
 
