@@ -91,6 +91,7 @@ def test_example_plugin_run_kill_resume_status_report_compare(tmp_path: Path) ->
     status = cli("status", str(batch_id), env=env)
     assert status.returncode == 0, status.stderr
     assert "score by group arith 1.000 (6/6); notes 1.000 (6/6)" in status.stdout
+    assert "plugins       workload toolbench -> toolbench.workload:ToolBench; engine scripted ->" in status.stdout
 
     out = tmp_path / "report"
     report = cli("report", str(batch_id), "--compare", str(other_id), "--out", str(out), env=env)
@@ -98,6 +99,7 @@ def test_example_plugin_run_kill_resume_status_report_compare(tmp_path: Path) ->
     assert f"group arith: batch {batch_id} 1.000, batch {other_id} 1.000" in report.stdout
     assert f"group notes: batch {batch_id} 1.000, batch {other_id} 1.000" in report.stdout
     assert "scores agree on 12 task ids" in report.stdout
+    assert "workload toolbench.workload:ToolBench; engine scripted" in report.stdout  # resolved as written
     assert "arith" in (out / "index.html").read_text()
     store.close()
 

@@ -110,3 +110,13 @@ def test_restore_gets_assistant_and_recorded_results_pairs() -> None:
         return await env.score()
 
     assert asyncio.run(main())["score"] == 1.0
+
+
+def test_plugins_line_says_what_kinds_resolve_to_and_never_raises() -> None:
+    from agentbatch.flows.config import plugins_line
+
+    line = plugins_line({"workload": {"kind": "toolbench"}, "engine": {"kind": "scripted"}})
+    assert "workload toolbench -> toolbench.workload:ToolBench" in line
+    assert "engine scripted -> agentbatch.engines.scripted:build_scripted_workers" in line
+    gone = plugins_line({"workload": {"kind": "uninstalled_pkg.mod:Bench"}, "engine": "garbage"})
+    assert "workload uninstalled_pkg.mod:Bench -> NOT RESOLVABLE here" in gone

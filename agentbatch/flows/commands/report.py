@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.sections import hints
     from agentbatch.dashboards.summary import summary_from_analysis
     from agentbatch.flows.commands.status import open_store_or_explain
+    from agentbatch.flows.config import plugins_line
 
     if error := out_dir_error(args.out, "--out"):
         return fail(f"report: {error}")
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         index = write_report_for(analyses, out, store=store)
         for a in analyses:
             print(summary_from_analysis(a).to_text())
+            print(plugins_line(a.data.config))
         if len(analyses) > 1:
             print(compare(analyses).to_text())
         for h in hints(analyses[0]):

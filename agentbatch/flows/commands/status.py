@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.eta import estimate_eta
     from agentbatch.dashboards.frames import UnknownBatch
     from agentbatch.dashboards.groups import group_line, group_scores
+    from agentbatch.flows.config import plugins_line
 
     store = open_store_or_explain(args.db, "status")
     if store is None:
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         print(eta.to_text(), flush=True)
         if by_group := group_line(group_scores(store.samples(args.batch_id)), "  score by group "):
             print(by_group, flush=True)
+        batch = store.get_batch(args.batch_id)
+        print(plugins_line(batch.config if batch else {}), flush=True)
         while args.watch and eta.done < eta.total and eta.status != "crashed":
             time.sleep(args.watch)
             eta = estimate_eta(store, args.batch_id)
