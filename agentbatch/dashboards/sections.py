@@ -54,7 +54,8 @@ def policies_table(analyses: list[BatchAnalysis]) -> pd.DataFrame:
     """One column per batch: the schedule-deciding settings it ran with."""
     cols = {f"batch {a.data.batch_id}": [_lookup(a.data.config, path) for _, path in POLICY_FIELDS]
             for a in analyses}
-    return pd.DataFrame(cols, index=[label for label, _ in POLICY_FIELDS]).fillna("-")
+    table = pd.DataFrame(cols, index=[label for label, _ in POLICY_FIELDS]).astype(object)
+    return table.where(table.notna(), "-")
 
 
 def config_diff(analyses: list[BatchAnalysis]) -> pd.DataFrame:
