@@ -26,7 +26,7 @@ from agentbatch.db.writer import StepWriter
 from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.engines.registry import make_engines
 from agentbatch.environments.registry import make_workload
-from agentbatch.flows.config import BatchConfig
+from agentbatch.flows.config import BatchConfig, check_task_names
 from agentbatch.flows.identity import named_batch_flow, sample_tags
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
 from agentbatch.flows.orphans import guard_prefect_server
@@ -65,6 +65,7 @@ def workload_tasks(config: BatchConfig) -> list[tuple[str, dict[str, Any], str |
     tasks = workload.tasks()
     if not tasks:
         raise ValueError(f"workload {config.workload.kind!r} with params {config.workload.params} has no tasks")
+    check_task_names(tasks)
     return [(t.task_id, t.data, t.group or None) for t in tasks]
 
 

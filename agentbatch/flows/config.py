@@ -313,3 +313,14 @@ def plugins_line(stored: Mapping[str, Any]) -> str:
             target = f"NOT RESOLVABLE here ({exc})"
         parts.append(f"{what} {kind}" + ("" if target == kind else f" -> {target}"))
     return "  plugins       " + "; ".join(parts)
+
+
+def check_task_names(tasks: list[Any]) -> None:
+    """Task ids and groups fit the store's columns (VARCHAR(200) on PostgreSQL; SQLite would accept
+    longer ones and the same batch would fail on PostgreSQL mid-run): ValueError otherwise."""
+    for t in tasks:
+        for what, value in (("task id", t.task_id), ("group", t.group)):
+            if not isinstance(value, str):
+                raise ValueError(f"{what} {value!r} of a task is not a string")
+            if len(value) > MAX_NAME_LENGTH:
+                raise ValueError(f"{what} {value[:40]!r}... is {len(value)} characters long; at most {MAX_NAME_LENGTH}")

@@ -88,6 +88,10 @@ CASES = [
     Case("bash-repeats-zero", "workload.params.repeats",
          cfg(**{"workload": {"kind": "bash_tasks", "params": {"repeats": 0}}})),
     Case("workload-tasks-unknown", "workload.params: unknown BFCL task id", cfg(**{"workload.params": {"task_ids": ["multi_turn_base_99999"]}})),
+    Case("task-id-too-long", "workload.params: task id", cfg(workload={"kind": "mcp", "params": {
+        "servers": [{"name": "s", "command": "true"}], "tasks": [{"id": "t" * 201, "turns": ["hi"]}]}})),
+    Case("task-group-too-long", "workload.params: group", cfg(workload={"kind": "mcp", "params": {
+        "servers": [{"name": "s", "command": "true"}], "tasks": [{"id": "t", "group": "g" * 201, "turns": ["hi"]}]}})),
     # --- the engine
     Case("engine-unknown", "engine.kind", cfg(**{"engine.kind": "gpt"})),
     Case("engine-workers-zero", "engine.params.workers", cfg(**{"engine.params": {"workers": 0}})),
