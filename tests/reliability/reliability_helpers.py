@@ -37,8 +37,8 @@ def cli_env(db_url: str, **extra: str) -> dict[str, str]:
 
 
 def start_cli(args: list[str], db_url: str, **popen: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([*CLI, *args], env=cli_env(db_url), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **popen)
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen}
+    return subprocess.Popen([*CLI, *args], env=cli_env(db_url), text=True, **popen)
 
 
 def run_cli(args: list[str], db_url: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -118,13 +119,19 @@ def test_resume_takes_only_unclaimed_samples(db_url: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_two_resumes_killed_then_a_third_finishes(db_url: str) -> None:
+def test_two_resumes_killed_then_a_third_finishes(db_url: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     store = Store(db_url)
     batch_id = create_batch(BatchConfig.model_validate(bfcl_config("killed", limit=8)), store)
-    procs = [start_cli(["resume", str(batch_id), "--no-progress"], db_url, start_new_session=True)
-             for _ in range(2)]
+    logs = [tmp_path / f"resume{i}.log" for i in range(2)]
+    procs = [start_cli(["resume", str(batch_id), "--no-progress"], db_url, start_new_session=True,
+                       stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
     deadline = time.time() + 300
-    while len(completions(store, batch_id)) < 30 and time.time() < deadline:
+    # both are under way (each drives samples, or found none left and exited), then more steps complete
+    while time.time() < deadline and not all(p.poll() is not None or "samples to run" in log.read_text()
+                                             for p, log in zip(procs, logs, strict=True)):
+        time.sleep(0.2)
+    target = len(completions(store, batch_id)) + 12
+    while len(completions(store, batch_id)) < target and time.time() < deadline:
         if all(p.poll() is not None for p in procs):
             break
         time.sleep(0.2)
