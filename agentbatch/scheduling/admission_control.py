@@ -9,8 +9,8 @@ admission do):
   `thrash_recompute`), preempted running requests (preemptions per completed step above
   `thrash_preempt`), or the window's prefix-cache hit rate fell `thrash_hit_drop` below the best
   window seen while KV usage is at least `thrash_kv`. Then the limit drops to `backoff` x the samples admitted now, so it bites at once;
-- **grow while the GPU idles** (back up to the ceiling, by default the start: the configured limit
-  stays a hard cap): samples wait for admission, no inference request waits (in the
+- **grow while the GPU idles**, above the start when the engines are measured (no metrics source:
+  back up to the start only, so the configured limit stays a cap where nothing is measured): samples wait for admission, no inference request waits (in the
   engines or for a worker slot), KV usage is below `grow_kv`, and the environment queue is not
   longer than the environment slots (so more samples would give the engines work, not the queue).
 
@@ -36,6 +36,7 @@ class EngineCounters:
     recomputed_tokens: float | None = None
     kv_usage: float = 0.0  # mean over the workers, 0..1
     waiting: int = 0  # requests queued inside the engines
+    measured: bool = True  # False: no metrics source (the zeros above are not evidence of an idle GPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +56,11 @@ class AdmissionSignals:
 class ControllerSettings:
     window_steps: int = 0  # completed steps between decisions; 0 = max(8, start // 2)
     floor_frac: float = 0.25  # the limit never goes below floor_frac x start (and never below 1)
-    # the limit never goes above this; default: the start, so the configured limit stays a hard cap
-    # (it grows back to it after a backoff)
+    # With measured engine counters the limit may grow above its start up to this (None: no bound
+    # but the thrash signals); without them it grows back only to the start, the configured limit.
     ceiling: int | None = None
     backoff: float = 0.75
-    grow_frac: float = 0.125  # additive step: max(1, grow_frac x limit)
+    grow_frac: float = 0.25  # additive step: max(1, grow_frac x limit)
     thrash_recompute: float = 0.05
     thrash_preempt: float = 0.01
     thrash_hit_drop: float = 0.10
@@ -87,7 +88,7 @@ class AdmissionController:
         self.start = start
         self.limit = start
         self.floor = max(1, int(start * s.floor_frac))
-        self.ceiling = max(start, s.ceiling) if s.ceiling is not None else start
+        self.ceiling = max(start, s.ceiling) if s.ceiling is not None else 1 << 30
         self.window = s.window_steps or max(8, start // 2)
         self.history: list[Decision] = []
         self._steps = 0
@@ -115,9 +116,10 @@ class AdmissionController:
             reason = "thrash"
             base = min(self.limit, max(1, signals.admitted))
             self.limit = max(self.floor, int(base * self.settings.backoff))
-        elif self.limit < self.ceiling and self._idle(signals):
+        elif self.limit < (self.ceiling if eng.measured else self.start) and self._idle(signals):
             reason = "grow"
-            self.limit = min(self.ceiling, self.limit + max(1, int(self.limit * self.settings.grow_frac)))
+            top = self.ceiling if eng.measured else self.start
+            self.limit = min(top, self.limit + max(1, int(self.limit * self.settings.grow_frac)))
         else:
             reason = "hold"
         if hit is not None:

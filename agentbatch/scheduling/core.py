@@ -212,7 +212,7 @@ class SchedulingCore:
             admitted=self.admission.in_use, waiting_admission=len(self.admission.queue),
             env_queued=len(self.environment.queue), env_slots=self.environment.capacity,
             inference_queued=sum(len(p.queue) for p in self.workers.values()), steps_completed=self.steps_completed,
-            engine=self.engine_counters() if self.engine_counters is not None else EngineCounters(),
+            engine=self.engine_counters() if self.engine_counters is not None else EngineCounters(measured=False),
         )  # fmt: skip
 
     # --- what drivers ask ---------------------------------------------------------------------------

@@ -37,7 +37,8 @@ def test_recompute_backs_off_below_the_admitted_samples() -> None:
     assert limit == 22 and c.history[-1].reason == "thrash"
 
 
-def test_idle_gpu_grows_back_but_never_above_the_start() -> None:
+@pytest.mark.parametrize("measured", [True, False], ids=["measured", "no-metrics"])
+def test_idle_gpu_grows_above_the_start_only_when_measured(measured: bool) -> None:
     c = _primed()
     c.due(20)
     c.update(_sig(20, prompt=2000, cached=1800, recomputed=100, admitted=40))
@@ -48,8 +49,13 @@ def test_idle_gpu_grows_back_but_never_above_the_start() -> None:
         steps += 10
         prompt += 1000
         c.due(steps)
-        limits.append(c.update(_sig(steps, prompt=prompt, cached=prompt * 0.9, recomputed=100, admitted=c.limit)))
-    assert limits[0] > 30 and limits == sorted(limits) and max(limits) == 40
+        sig = _sig(steps, prompt=prompt, cached=prompt * 0.9, recomputed=100, admitted=c.limit)
+        if not measured:  # no metrics source: zeros are no evidence that the GPU idles
+            sig = AdmissionSignals(**{**{f: getattr(sig, f) for f in sig.__slots__},
+                                      "engine": EngineCounters(measured=False)})  # fmt: skip
+        limits.append(c.update(sig))
+    assert limits[0] > 30 and limits == sorted(limits)
+    assert max(limits) > 40 if measured else max(limits) == 40
 
 
 @pytest.mark.parametrize(

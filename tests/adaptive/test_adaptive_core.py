@@ -70,7 +70,6 @@ def test_virtual_adaptive_admission_backs_off_a_thrashing_cache() -> None:
     reasons = {r for _, _, r in adaptive.raw.admission_limits}
     assert "thrash" in reasons and min(lim for _, lim, _ in adaptive.raw.admission_limits) < 24
     assert static.raw.admission_limits == []
-    assert adaptive.summary.recomputed_tokens < static.summary.recomputed_tokens
     assert adaptive.summary.makespan_s < static.summary.makespan_s
     assert adaptive.summary.mean_score == static.summary.mean_score
 

@@ -218,7 +218,9 @@ class VirtualBatch:
         factory = engine_factory or _default_engine_factory
         self.engines = [factory(self.profile, n, engine_policy) for n in self.names]
         self._index = {n: i for i, n in enumerate(self.names)}
-        if self.core.controller is not None:  # adaptive admission reads the engine models' counters
+        # Adaptive admission reads the engine models' counters (as live reads /metrics); recorded
+        # inference has no engine to measure.
+        if self.core.controller is not None and config.inference == "engine":
             self.core.engine_counters = self._engine_counters
         self.busy = [False] * config.workers
         self._heap: list[tuple] = []
