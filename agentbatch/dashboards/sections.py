@@ -135,6 +135,11 @@ def _wait_hint(a: BatchAnalysis) -> Hint | None:
     if wait is None or share < 0.5:
         return None
     pct = f"{share:.0%} of the samples that finished last"
+    busiest = max([a.env_utilisation, *a.worker_utilisation.values()])
+    if wait == "admission" and busiest >= 0.8:
+        return Hint(f"{pct} waited longest for admission, but the engine workers or environment slots were "
+                    f"busy ({busiest:.0%} at most)", "more capacity (workers, env slots), not more admitted "
+                    "samples, would shorten this batch")
     if wait == "admission":
         return Hint(f"{pct} waited longest for admission (max_active_samples "
                     f"{_setting(a, 'scheduling.max_active_samples')}).",
