@@ -15,7 +15,7 @@ from agentbatch.traces.schema import Trace, TraceSample, TraceStep
 
 BASE = VirtualConfig(workers=2, profile="llama3-8b-h100", env_slots=4, max_active=12, per_worker_inflight=None,
                      router=PolicySpec("round_robin"), env_queue=PolicySpec("fifo"), priority=PolicySpec("fcfs"),
-                     admission_order="arrival")  # the baseline policies, explicitly
+                     admission_order="arrival", admission_control="static")  # the baseline, explicitly
 CONFIGS = {
     "coupled_rr": replace(BASE, coupled=True),
     "decoupled_rr": BASE,

@@ -72,6 +72,8 @@ class VirtualResult:
         df = pd.DataFrame.from_records(self.raw.samples, columns=list(SAMPLE_FIELDS))
         df.insert(0, "id", df["index"])
         df["status"] = "completed"
+        df["error"] = None
+        df["task_group"] = None  # synthetic and recorded traces carry no task groups
         return df
 
 
