@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from dashboards_batches import KNOWN_CONFIG, T0, known_samples, write_batch
 
 from agentbatch.dashboards.analytics import BatchAnalysis
@@ -101,3 +102,24 @@ def test_spread_grows_with_unexplained_time(store):
     cmp = compare([fa, fb])
     assert cmp.spread == max(MIN_SPREAD, fa.host_noise, fb.host_noise)
     assert cmp.within_noise(cmp.summaries[1]) == (abs(cmp.summaries[1].makespan_s / 14.0 - 1) <= cmp.spread)
+
+
+def serial_samples() -> list[dict]:
+    """Three samples admitted one after another, each one 4 s inference step on w0, back to back."""
+    return [dict(task_id=f"s{i}", admitted=T0 + 4 * i, finished=T0 + 4 * i + 4, status="completed", score=1.0,
+                 steps=[dict(index=0, kind="inference", enq=T0 + 4 * i, start=T0 + 4 * i, fin=T0 + 4 * i + 4,
+                             worker="w0", prefill=1.0, decode=3.0, prompt=10, cached=0, eq=0.0)])
+            for i in range(3)]
+
+
+@pytest.mark.parametrize("inflight, busy", [(1, True), (4, False)])
+def test_admission_hint_only_when_capacity_had_room(store, inflight, busy):
+    config = {"scheduling": {"env_slots": 1, "per_worker_inflight": inflight, "max_active_samples": 1},
+              "engine": {"params": {"workers": 1}}}
+    a = BatchAnalysis(load_batch(store, write_batch(store, serial_samples(), config=config, workers=("w0",))))
+    (first, *_) = hints(a)
+    assert "waited longest for admission" in first.finding
+    if busy:  # the worker was never idle: more admitted samples would only queue
+        assert "busy (100% at most)" in first.finding and "more capacity" in first.action
+    else:
+        assert "raise scheduling.max_active_samples" in first.action
