@@ -93,25 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     t_all = time.perf_counter()
     for family in args.families.split(","):
-        rows, trace, info = rows_for(family, args.samples, args.seed)
-        notes.append(f"{family}: {info}")
-        print(f"# {family}: {info}", flush=True)
-        base_ms: dict[str, float] = {}
-        for b in baselines(rows[0][1], info["samples"]):
-            runs = [(simulate(trace, c).summary, c) for c in b.configs]
-            best_s, best_cfg = min(runs, key=lambda e: e[0].makespan_s)
-            base_ms[b.name] = best_s.makespan_s
-            label = f"{b.name} (limit {best_cfg.max_active})" if len(runs) > 1 else b.name
-            out.append(_row(family, "baseline: " + label, best_s, 1.0))
-        best = compare(1.0, base_ms)
-        notes.append(f"{family}: best baseline {best.best_name} {best.best_s:.1f}s")
-        for row in out[-len(base_ms):]:
-            row["vs_best"] = row["makespan_s"] / best.best_s
-            _print(row)
-        for label, cfg in rows[1:]:
-            r = simulate(trace, cfg)
-            out.append(_row(family, label, r.summary, r.summary.makespan_s / best.best_s))
-            _print(out[-1])
+        notes.append(_family(family, args, out))
     print(f"# total {time.perf_counter() - t_all:.1f}s; load average {os.getloadavg()[0]:.1f}")
     table = _markdown(out)
     print(table)
@@ -120,14 +102,35 @@ def main(argv: list[str] | None = None) -> int:
         scores.setdefault(row["family"], set()).add(round(row["score"], 12))
     same = all(len(v) == 1 for v in scores.values())
     print(f"scores identical across rows in every family: {same}")
-    for f in scores:
+    for f, best_name in zip(scores, notes, strict=True):
         final = next(r for r in out if r["family"] == f and r["row"].startswith("defaults"))
-        best_name = next(n.split(": ", 1)[1] for n in notes if n.startswith(f"{f}: best baseline"))
         print(f"{f}: defaults x{final['vs_best']:.3f} of the best baseline ({best_name}; "
               f"{(1 - final['vs_best']) * 100:.1f}% lower); x{final['vs_LB']:.3f} LB")
     if args.markdown:
         args.markdown.write_text(table + "\n")
     return 0 if same else 1
+
+
+def _family(family: str, args: argparse.Namespace, out: list[dict]) -> str:
+    """Run the baselines and the rows of one family into `out`; returns the best baseline, named."""
+    rows, trace, info = rows_for(family, args.samples, args.seed)
+    print(f"# {family}: {info}", flush=True)
+    base_ms: dict[str, float] = {}
+    for b in baselines(rows[0][1], info["samples"]):
+        runs = [(simulate(trace, c).summary, c) for c in b.configs]
+        best_s, best_cfg = min(runs, key=lambda e: e[0].makespan_s)
+        base_ms[b.name] = best_s.makespan_s
+        label = f"{b.name} (limit {best_cfg.max_active})" if len(runs) > 1 else b.name
+        out.append(_row(family, "baseline: " + label, best_s, 1.0))
+    best = compare(1.0, base_ms)
+    for row in out[-len(base_ms):]:
+        row["vs_best"] = row["makespan_s"] / best.best_s
+        _print(row)
+    for label, cfg in rows[1:]:
+        r = simulate(trace, cfg)
+        out.append(_row(family, label, r.summary, r.summary.makespan_s / best.best_s))
+        _print(out[-1])
+    return f"best baseline {best.best_name} {best.best_s:.1f}s"
 
 
 def _row(family: str, label: str, s: object, vs_best: float) -> dict:
