@@ -35,7 +35,7 @@ class _Job:
 
 
 class StepRecorder:
-    def __init__(self, store: Store, *, group_delay_s: float = 0.02) -> None:
+    def __init__(self, store: Store, *, group_delay_s: float = 0.1) -> None:
         self.store = store
         self.group_delay_s = group_delay_s
         self.errors = 0

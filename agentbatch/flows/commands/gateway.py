@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,10 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
     from agentbatch.gateway.server import Gateway, GatewayBatch, listen_socket, uvicorn_server
 
     config, endpoints, upstreams = checked
+    # The store writer thread shares the interpreter lock with the event loop: every socket call of the
+    # loop gives the lock up and may wait a whole switch interval (5 ms by default) to get it back.
+    # A gateway process does little else, so switch ten times as often.
+    sys.setswitchinterval(0.0005)
     try:  # before the store is opened: an address in use leaves nothing behind
         sock = listen_socket(options["host"], options["port"])
     except OSError as exc:
