@@ -1,13 +1,15 @@
 """A stateful MCP server whose state lives outside the process (a JSON file), for the reliability tests.
 
 `cancel_reservation(reservation, session, idempotency_key?)` refunds a reservation: each call adds a
-refund, unless its idempotency key was seen before. `agentbatch_state(session)` returns the
+refund, unless its idempotency key was seen before. `slow_cancel` refunds at once and answers after
+`seconds` (a process killed meanwhile leaves the refund done and the step unrecorded). `agentbatch_state(session)` returns the
 session's refunds. `--state FILE` is the file; every call reads and writes it (one process at a time).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,10 @@ TOOLS = [
     types.Tool(name="cancel_reservation", description="Cancel a reservation and refund it.",
                input_schema={"type": "object", "properties": {
                    "reservation": {"type": "string"}, "session": {"type": "string"},
+                   "idempotency_key": {"type": "string"}}, "required": ["reservation"]}),
+    types.Tool(name="slow_cancel", description="Refund at once, answer after `seconds` (a slow remote call).",
+               input_schema={"type": "object", "properties": {
+                   "reservation": {"type": "string"}, "seconds": {"type": "number"}, "session": {"type": "string"},
                    "idempotency_key": {"type": "string"}}, "required": ["reservation"]}),
     types.Tool(name="agentbatch_state", description="The session's refunds.",
                input_schema={"type": "object", "properties": {"session": {"type": "string"}}}),
@@ -47,6 +53,15 @@ def main() -> None:
                 if key is not None:
                     state["keys"].append(key)
             path.write_text(json.dumps(state))
+            return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]]})
+        if name == "slow_cancel":  # the side effect first, then a long wait for the answer
+            key = a.get("idempotency_key")
+            if key is not None and key in state["keys"]:
+                return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]], "again": True})
+            refunds[a["reservation"]] = refunds.get(a["reservation"], 0) + 1
+            state["keys"] += [key] if key is not None else []
+            path.write_text(json.dumps(state))
+            await asyncio.sleep(float(a.get("seconds", 0)))
             return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]]})
         if name == "agentbatch_state":
             return text_result(refunds)

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,46 @@ def test_dead_shared_server_restarts_alone(tmp_path: Path) -> None:
     out = asyncio.run(main())
     assert out["a_new"] != out["before"]["a"] and out["a_other"] == out["a_new"]
     assert out["b_after"] == out["before"]["b"] and out["same_b_connection"]  # the healthy one untouched
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_kill_during_external_step_then_resume_refunds_once(tmp_path: Path, sqlite_url: str) -> None:
+    """The run is killed while a slow remote refund is in flight (the refund already happened); the
+    resume flags the step "may have executed", re-runs it with the same idempotency key, and the
+    ledger shows one refund."""
+    import subprocess
+
+    import yaml
+    from reliability_helpers import CLI, cli_env, run_cli
+
+    server = {"name": "ledger", "command": sys.executable,
+              "args": [str(HERE / "ledger_server.py"), "--state", str(tmp_path / "ledger.json")]}
+    task = {"id": "t1", "turns": ["cancel r1"], "ground_truth": [
+        {"calls": [{"name": "slow_cancel", "arguments": {"reservation": "r1", "seconds": 600}}], "final_text": "Done."}]}
+    cfg = {"name": "ledger", "engine": {"kind": "scripted", "params": {"workers": 1}},
+           "workload": {"kind": "mcp", "params": {"servers": [server], "tasks": [task], "per_sample": True,
+                                                   "restore_mode": "external", "inject": {"session": "{sample_key}"}}}}
+    path = tmp_path / "ledger.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = subprocess.Popen([*CLI, "run", str(path), "--no-progress"], env=cli_env(sqlite_url), start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not (tmp_path / "ledger.json").exists() and time.time() < deadline:
+            assert run.poll() is None, "the run ended before the refund"
+            time.sleep(0.2)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert refunds(tmp_path) == {"batch-1:t1": {"r1": 1}}  # done on the server, never recorded
+
+    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr  # 1: no check, score 0 is fine
+    assert "may have executed: 1 step(s)" in resumed.stdout, resumed.stdout
+    assert refunds(tmp_path) == {"batch-1:t1": {"r1": 1}}  # the re-run sent the same key: no second refund
+    store = Store(sqlite_url)
+    flagged = [st for st in store.steps(1) if st.error == MAY_HAVE_EXECUTED]
+    assert len(flagged) == 1 and flagged[0].kind == "environment"
+    assert store.samples(1)[0].status == "completed"
+    store.close()
