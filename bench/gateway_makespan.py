@@ -11,7 +11,9 @@ that call on an MCP server (the probe server, over streamable HTTP) and sends th
   semaphore of `env_slots` (decoupled FIFO).
 - gateways: the same loop pointed at `agentbatch gateway` (base URL /v1, tools at /mcp): admission,
   trajectory-aware routing, chain-progress priority and CAAS on the environment slots; the loop
-  has no semaphore of its own.
+  has no semaphore of its own, and ends each sample with `POST /v1/samples/{id}/finish` (a recorded
+  chain may end on a tool call rather than a final answer, which would leave the sample to the
+  idle timeout).
 
 Fresh simulated workers (`serve-sim`, real time scaled by --time-scale) for each run, so neither
 finds the other's prefix cache. Prints the makespan of each and their ratio, measured in one run.
@@ -105,6 +107,8 @@ async def drive(samples: list[TraceSample], workers: list[str], mcp_url: str, en
             # Direct: session affinity, a sample always on the same worker.
             client = clients[0] if gateway_url else clients[zlib.crc32(sample.task_id.encode()) % len(clients)]
             await run_sample(sample, client, tools, env_scale, None)
+            if gateway_url:  # a recorded chain may end on a tool call: say the sample is done
+                await client.post(f"/samples/{sample.task_id}%23{sample.index}/finish", cast_to=object, body={})
 
         await asyncio.gather(*(one(s) for s in samples))
         makespan = time.perf_counter() - start
