@@ -94,6 +94,7 @@ def test_blocking_tool_does_not_stall_other_samples(tmp_path: Path, sqlite_url: 
     marks = tmp_path / "marks"
     marks.mkdir()
     cfg = faulty_config("blocking", 6, block_tasks=1, block_s=8.0, blocking=True, marks_dir=str(marks))
+    cfg["engine"]["params"]["timing"]["scale"] = 1.0  # the other samples still run when the tool blocks
     cfg["scheduling"] = {"max_active_samples": 6, "env_slots": 6, "per_worker_inflight": 4}
     done = run_cli_here(["run", str(write_config(tmp_path, cfg)), "--no-progress"], sqlite_url)
     assert done.returncode == 0, done.stdout + done.stderr
