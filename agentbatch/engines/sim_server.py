@@ -349,7 +349,9 @@ def running_sim_server(
     import uvicorn
 
     server = SimServer(profile, **kwargs)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only then (no 40 ms
+    # delayed-ACK stall per request).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]

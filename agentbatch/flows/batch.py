@@ -27,7 +27,7 @@ from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.engines.registry import make_engines
 from agentbatch.environments.registry import make_workload
 from agentbatch.flows.config import BatchConfig, check_task_names
-from agentbatch.flows.identity import named_batch_flow, sample_tags
+from agentbatch.flows.identity import named_batch_flow, untagged_task_runs
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
 from agentbatch.flows.orphans import guard_prefect_server
 from agentbatch.flows.progress import BatchWatch
@@ -176,7 +176,7 @@ async def _run_chain(batch: BatchContext, sample: Any, progress: SampleProgress,
     if mode is None:
         await run_sample(batch, sample, progress, direct_executor)
         return
-    with sample_tags(sample):  # a filter per sample in the Prefect UI
+    with untagged_task_runs():  # batch tags stay on the flow run: tagged task runs cost server calls
         if mode == "lean":
             await run_sample_lean(batch, sample, progress)
         elif mode == "chains":

@@ -96,8 +96,5 @@ async def acquire_step(state: GatewayState, sample: GatewaySample, kind: StepKin
 
 
 def release_step(state: GatewayState, held: HeldSlot, *, completed: bool) -> None:
-    if completed:
-        progress = held.sample.progress
-        progress.steps_done += 1
-        progress.attained_s += max(0.0, state.clock() - held.started_at)
-    state.coordinator.release(held.ticket, held.slot)
+    # The coordinator advances the sample's progress (steps done, attained service) itself.
+    state.coordinator.release(held.ticket, held.slot, completed=completed)

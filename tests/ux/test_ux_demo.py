@@ -113,7 +113,8 @@ def test_prefect_shows_the_batch(demo, prefect_api):
     assert fr.name == "batch-1-bfcl-demo" and fr.state.is_completed()
     assert {"agentbatch", "batch-1", f"store-{tag}"} <= set(fr.tags)
     assert any(log.name == "agentbatch.progress" and "3/3 samples" in log.message for log in logs)
-    assert tasks and all(any(t.startswith("sample-") for t in tr.tags) for tr in tasks)
+    # task runs carry no tags (each tag costs a concurrency round trip); their names name the sample
+    assert tasks and all(not tr.tags and tr.name.startswith("s") for tr in tasks)
     assert {a.key for a in arts} >= {f"agentbatch-{tag}-batch-1-{k}" for k in ("progress", "summary", "report")}
 
 
