@@ -136,7 +136,10 @@ class SampleLeases:
                       .where(Sample.id.in_(self._held), Sample.lease_owner == self.owner)
                       .values(lease_expires_at=now + self.ttl_s)
                       .execution_options(synchronize_session=False))
-        self._held = {m.id for m in self.store_samples(Sample.lease_owner == self.owner)}
+            # Finished samples stay held until released: only a lease now owned by another process
+            # is lost (a sample that just completed must not count as taken over).
+            self._held = set(s.scalars(select(Sample.id).where(Sample.id.in_(self._held),
+                                                                Sample.lease_owner == self.owner)))
         return set(self._held)
 
     def release(self, sample_id: int) -> None:
