@@ -7,6 +7,12 @@ from pathlib import Path
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
 from agentbatch.flows.commands._inputs import shown_url, stored_config_error, writer_inputs_error
+from agentbatch.flows.commands._launch import (
+    add_progress_options,
+    progress_mode,
+    ready_prefect,
+    start_prefect,
+)
 from agentbatch.flows.commands._outcome import (
     add_fail_on_error,
     batch_problem,
@@ -31,16 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also run the failed samples again (as `agentbatch retry BATCH_ID`)")
     add_fail_on_error(p)
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_options(p)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    """Shared by `resume` and `retry` (which is `resume --retry-failed`)."""
     if error := check_fail_on_error(args.fail_on_error):
         return fail(error)
     if error := writer_inputs_error(args.db, args.report, must_exist=True):
         return fail(error)
+    api = start_prefect()  # the same Prefect server choice as `run`
     quiet_prefect_defaults()
+    mode = progress_mode(args)
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import resume_batch
 
@@ -51,11 +60,13 @@ def main(args: argparse.Namespace) -> int:
     if error := error or batch_problem(store, args.batch_id):  # unknown id; a secret reference not set
         store.close()
         return fail(error)
+    if message := busy_now(store, args.batch_id):  # before anything is reset
+        return fail(message)
     if args.retry_failed:
         n = store.reset_failed(args.batch_id)
-        print(f"batch {args.batch_id}: {n} failed sample(s) set to run again", flush=True)
-    if message := busy_now(store, args.batch_id):
-        return fail(message)
-    outcome = resume_batch(store, args.batch_id, show_progress=False if args.no_progress else None,
-                           report_dir=args.report, fail_on_error=args.fail_on_error)
+        print(f"batch {args.batch_id}: retrying {n} failed sample(s)", flush=True)
+    if error := ready_prefect(api, quiet=mode == "off"):
+        return fail(error, code=1)
+    outcome = resume_batch(store, args.batch_id, show_progress=mode, report_dir=args.report,
+                           fail_on_error=args.fail_on_error)
     return finish_command(store, outcome, args.fail_on_error)

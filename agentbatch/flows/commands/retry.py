@@ -1,19 +1,15 @@
-"""`agentbatch retry BATCH_ID`: run the failed samples of a batch again, and only those."""
+"""`agentbatch retry BATCH_ID`: run the failed samples of a batch again, and only those
+(the same as `agentbatch resume BATCH_ID --retry-failed`)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
-from agentbatch.flows.commands._inputs import stored_config_error, writer_inputs_error
-from agentbatch.flows.commands._outcome import (
-    add_fail_on_error,
-    batch_problem,
-    busy_now,
-    check_fail_on_error,
-    finish_command,
-)
+from agentbatch.flows.commands import resume
+from agentbatch.flows.commands._common import add_db_option
+from agentbatch.flows.commands._launch import add_progress_options
+from agentbatch.flows.commands._outcome import add_fail_on_error
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,29 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_option(p)
     add_fail_on_error(p)
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_options(p)
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    if error := check_fail_on_error(args.fail_on_error):
-        return fail(error)
-    if error := writer_inputs_error(args.db, args.report, must_exist=True):
-        return fail(error)
-    quiet_prefect_defaults()
-    from agentbatch.db.store import Store
-    from agentbatch.flows.batch import resume_batch
-
-    store = Store(args.db)
-    row = store.get_batch(args.batch_id)
-    error = None if row is None else stored_config_error(row.config, args.batch_id)
-    if error := error or batch_problem(store, args.batch_id):  # unknown id; a secret reference not set
-        store.close()
-        return fail(error)
-    if message := busy_now(store, args.batch_id):
-        return fail(message)
-    n = store.reset_failed(args.batch_id)
-    print(f"batch {args.batch_id}: retrying {n} failed sample(s)", flush=True)
-    outcome = resume_batch(store, args.batch_id, show_progress=False if args.no_progress else None,
-                           report_dir=args.report, fail_on_error=args.fail_on_error)
-    return finish_command(store, outcome, args.fail_on_error)
+    args.retry_failed = True
+    return resume.main(args)
