@@ -95,7 +95,8 @@ def _store_leaf(value: str, path: str, secret_field: bool) -> str:
             return m[0]
         name = _ref_name(f"{path}.password")
         os.environ[name] = m["password"]
-        remember(m["password"])
+        # Not remembered as a bare value: URL_PASSWORD masks it inside URLs, and a password such as
+        # the user or database name would otherwise mask every mention of that word.
         return f"{m['head']}${{{name}}}{m['at']}"
 
     return URL_PASSWORD.sub(url_password, value)
@@ -117,7 +118,8 @@ def _resolve_leaf(value: str, path: str, secret_field: bool) -> str:
         if name not in os.environ:
             raise MissingSecret(f"{path}: the store keeps this secret as ${{{name}}}; set the environment "
                                 f"variable {name}")
-        remember(os.environ[name])
+        if secret_field:  # URL passwords: see _store_leaf
+            remember(os.environ[name])
         return os.environ[name]
 
     return ENV_REF.sub(env, value)
