@@ -1,10 +1,10 @@
 """A Prefect server that refuses the sample chains' task runs must not fail the samples.
 
-Task runs carry the batch's tags, and Prefect acquires tag concurrency slots from the server before a
-task run starts; a busy server answers 503 and the run fails before its body (on a loaded 2-core
-machine this failed every sample of a 200-sample lean batch). Here a real server refuses for certain:
-a tag concurrency limit of 0 on the store's tag. The chains then run without their Prefect task run,
-every sample completes, and the batch says so.
+Prefect can refuse to start a task run (a busy server answers 503 to the calls made before the run's
+body; on a loaded 2-core machine this once failed every sample of a 200-sample lean batch). Here a real
+server refuses for certain: the chains' task runs are tagged with the store's tag (agentbatch itself
+leaves task runs untagged) and that tag has a concurrency limit of 0. The chains then run without their
+Prefect task run, every sample completes, and the batch says so.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture
-def refusing_store(prefect_api: str, sqlite_url: str) -> Iterator[Store]:
+def refusing_store(prefect_api: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     """A store whose batches' task runs the Prefect server refuses (tag limit 0 on the store tag)."""
+    from prefect import tags
+
     tag = f"store-{store_tag(sqlite_url)}"
+    monkeypatch.setattr("agentbatch.flows.batch.untagged_task_runs", lambda: tags(tag))  # tag the task runs
 
     async def limit(value: int | None) -> None:
         async with get_client() as client:
