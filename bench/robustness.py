@@ -84,10 +84,7 @@ def run_cell(cell: Cell) -> CellResult:
     profile = scaled_profile(cell.profile, cell.scale)
     trace = generate(cell.family, n, seed=cell.seed, epoch=1)
     priors = chain_priors(generate(cell.family, n, seed=cell.seed, epoch=0))  # the same tasks, run before
-    try:
-        n_ref = concurrency_for_profile(trace, profile, workers=cell.workers).n_ref
-    except ZeroDivisionError:  # the planner fails on some tiny scaled cells: the family's configured limit
-        n_ref = max(1, int(round(cap["max_active"] * cell.scale)))
+    n_ref = concurrency_for_profile(trace, profile, workers=cell.workers).n_ref
     default = VirtualConfig(workers=cell.workers, profile=profile, env_slots=slots, max_active=n_ref,
                             per_worker_inflight=None, priors=priors)  # fmt: skip
     res = simulate(trace, default)

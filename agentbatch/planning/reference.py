@@ -54,6 +54,8 @@ class _Pools:
         return self.checkpoint_slots is None or n + self.prefix_copies <= self.checkpoint_slots
 
     def evicted(self, n: int) -> float:
+        if n <= 0:  # nothing admitted, nothing evicted (N_mem is 0 where the pools hold no sample)
+            return 0.0
         f = self.workload.env_fraction
         over = overflow(self.kv_tokens(n), math.sqrt(n) * self.workload.std_context, self.kv_capacity_tokens)
         waiting = f * n * self.per_sample

@@ -45,3 +45,18 @@ def test_workers_multiply() -> None:
     one, _ = _pick(trace, profile)
     two, _ = _pick(trace, profile, workers=2)
     assert two <= 2 * one and two % 2 == 0
+
+
+def test_pick_when_checkpoints_hold_no_sample_beyond_the_prefixes() -> None:
+    # A scaled-down hybrid engine whose checkpoint pool holds only the shared prefixes: N_mem is 0.
+    # The pick must not divide by f x N = 0 (it did), and with recompute allowed it still admits
+    # samples: they recompute their state on return, which the goodput model prices.
+    trace = generate("mcp_like", samples=20, seed=1, epoch=1)
+    base = get_profile("ling-flash-2.0-h200")
+    profile = base.replace(num_kv_blocks=base.num_kv_blocks // 20, max_num_seqs=max(4, base.max_num_seqs // 20),
+                           state_slots=max(4, (base.state_slots or 0) // 20), state_checkpoints=2)
+    n, bounds = _pick(trace, profile)
+    assert bounds["n_mem"] == 0
+    assert 1 <= n <= 20
+    strict, _ = _pick(trace, profile, allow_recompute=False)
+    assert strict == 1  # nothing fits cached: one sample at a time, never zero
