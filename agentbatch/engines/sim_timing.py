@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 from agentbatch.engines.timing import Timing
@@ -53,7 +54,7 @@ class SimulatedTiming:
 
     # --- TimingModel -----------------------------------------------------------------------------
     async def run(
-        self, *, request_id: str, sample_id: int, prompt: list[int], output_tokens: int, priority: int | None
+        self, *, request_id: str, sample_id: int, prompt: Sequence[int], output_tokens: int, priority: int | None
     ) -> Timing:
         stats = await self.submit(
             SimRequest(request_id, sample_id, prompt, output_tokens, priority=int(priority or 0))

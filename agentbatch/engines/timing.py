@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agentbatch.protocols.engine import ChatRequest, ChatResult, Message
-from agentbatch.protocols.tokens import chat_tokens
+from agentbatch.protocols.tokens import ChatPrompt
 
 
 @dataclass(slots=True)
@@ -31,7 +32,7 @@ class Timing:
 
 class TimingModel(Protocol):
     async def run(
-        self, *, request_id: str, sample_id: int, prompt: list[int], output_tokens: int, priority: int | None
+        self, *, request_id: str, sample_id: int, prompt: Sequence[int], output_tokens: int, priority: int | None
     ) -> Timing:
         """Wait (in real time) as long as the engine would take; return the split of that time."""
         ...
@@ -53,7 +54,7 @@ class TokenTiming:
     scale: float = 1.0  # multiply every duration (e.g. 0 for no waiting at all)
 
     async def run(
-        self, *, request_id: str, sample_id: int, prompt: list[int], output_tokens: int, priority: int | None
+        self, *, request_id: str, sample_id: int, prompt: Sequence[int], output_tokens: int, priority: int | None
     ) -> Timing:
         prefill = self.scale * (self.overhead_s + len(prompt) * self.per_prompt_token_s)
         decode = self.scale * output_tokens * self.per_output_token_s
@@ -71,7 +72,7 @@ async def timed_completion(
     timing: TimingModel, *, worker: str, request_id: str, request: ChatRequest, message: Message, output_tokens: int
 ) -> ChatResult:
     """An answer known in advance (scripted, replayed), delivered when the timing model says."""
-    prompt = chat_tokens(request.messages, request.tools)
+    prompt = ChatPrompt(request.messages, request.tools)
     t = await timing.run(request_id=request_id, sample_id=request.sample_id, prompt=prompt,
                          output_tokens=output_tokens, priority=request.priority)
     return ChatResult(
