@@ -38,7 +38,7 @@ from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.chain import direct_executor, drive_all, run_sample
 from agentbatch.tasks.coordinator import Coordinator, counters_from_workers
-from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_lean, run_sample_visible
+from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_visible
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 from agentbatch.tasks.steps import BatchContext, RetryPolicy
 
@@ -172,14 +172,13 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
 
 
 async def _run_chain(batch: BatchContext, sample: Any, progress: SampleProgress, mode: str | None) -> None:
-    """One sample's chain in the execution mode (None: plain asyncio, the overhead baseline)."""
-    if mode is None:
+    """One sample's chain in the execution mode (lean, or None for plain asyncio: no Prefect task run;
+    the flow run and the store only)."""
+    if mode in (None, "lean"):
         await run_sample(batch, sample, progress, direct_executor)
         return
     with untagged_task_runs():  # batch tags stay on the flow run: tagged task runs cost server calls
-        if mode == "lean":
-            await run_sample_lean(batch, sample, progress)
-        elif mode == "chains":
+        if mode == "chains":
             await run_sample_visible(batch, sample, progress)
         else:
             await run_sample(batch, sample, progress, prefect_step_executor)

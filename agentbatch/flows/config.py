@@ -121,8 +121,8 @@ class ExecutionConfig(_Strict):
         "chains",
         description="chains: one Prefect task per sample chain, every step listed in batched Prefect "
         "events (off the critical path; see docs/scale-out.md); steps: one Prefect task per step (the "
-        "Prefect server records ~20-25 a second, which caps the batch); lean: one Prefect task per "
-        "sample chain, steps only in the store",
+        "Prefect server records ~20-25 a second, which caps the batch); lean: no Prefect task runs, "
+        "the flow run only, samples and steps in the store (the fastest)",
     )
 
 

@@ -1,7 +1,7 @@
 """Drive one sample's chain: admit, rebuild from the store (resume), step until done, score.
 
 How each step is executed is passed in (`StepExecutor`): through Prefect tasks and the custom task
-runner (steps mode) or directly under the coordinator (lean mode, plain-asyncio baseline).
+runner (steps mode) or directly under the coordinator (chains and lean modes, plain-asyncio baseline).
 """
 
 from __future__ import annotations

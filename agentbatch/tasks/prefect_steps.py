@@ -1,5 +1,5 @@
 """The Prefect tasks: one per inference step, one per environment step (steps mode), and one per
-sample chain (chains mode, the default, and lean mode). Their bodies are the plain functions of
+sample chain (chains mode, the default). Their bodies are the plain functions of
 `steps.py` and `chain.py`. Chains mode also lists every step in Prefect, as batched events
 (`step_events.py`) that never sit on a step's critical path.
 
@@ -9,7 +9,8 @@ Which to use (measured by bench/live_throughput.py; docs/scale-out.md has the fi
 - steps: a task run per step, gated by the custom task runner; each step is a task run in the UI,
   but the server records only ~20-25 task runs a second, which caps the batch; for small batches
   with real (second-long) step latencies.
-- lean: a task run per sample and nothing per step (steps only in agentbatch's store).
+- lean (no task here): the flow run only; samples and steps only in agentbatch's store, so the batch
+  costs the Prefect server nothing per sample or step (the fastest mode; flows/batch.py).
 """
 
 from __future__ import annotations
@@ -68,15 +69,6 @@ class ChainOutcome:
     status: SampleStatus | None = None
 
 
-@task(name="sample-chain", task_run_name="sample-{sample.index}-{sample.task_id}", **_TASK_OPTIONS)
-async def sample_chain_task(sample: Sample, progress: SampleProgress, batch: BatchContext,
-                            outcome: ChainOutcome | None = None) -> str:
-    outcome = outcome or ChainOutcome()
-    outcome.started = True
-    outcome.status = await run_sample(batch, sample, progress, direct_executor, admitted=True)
-    return str(outcome.status)
-
-
 async def _task_state(future: PrefectConcurrentFuture[Any]) -> State | Exception:
     try:
         return await asyncio.wrap_future(future.wrapped_future)
@@ -120,17 +112,6 @@ async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: Ste
         if isinstance(exc, StepFailed | asyncio.CancelledError):
             raise exc
         raise StepFailed(f"{ticket.kind} step {ticket.step_index}: task run failed: {exc!r}")
-
-
-async def run_sample_lean(batch: BatchContext, sample: Sample, progress: SampleProgress) -> SampleStatus:
-    """Lean mode: admit, then one Prefect task run for the whole chain."""
-    await batch.coordinator.admit(progress)
-    outcome = ChainOutcome()
-    future = sample_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
-                                      outcome=quote(outcome))
-    state = await _task_state(future)
-    return await _settle(state, outcome, sample,
-                         lambda: run_sample(batch, sample, progress, direct_executor, admitted=True))
 
 
 _EMITTERS: weakref.WeakKeyDictionary[BatchContext, StepEvents] = weakref.WeakKeyDictionary()

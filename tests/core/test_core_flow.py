@@ -33,6 +33,21 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def count_task_runs(flow_run_id: str) -> int:
+    """Task runs the Prefect server recorded under a flow run."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    async def read() -> int:
+        async with get_client() as client:
+            runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            return len(runs)
+
+    return asyncio.run(read())
+
+
 def check_batch(store: Store, batch_id: int) -> tuple[list[Sample], list[Step]]:
     samples = store.samples(batch_id)
     steps = store.steps(batch_id)
@@ -68,12 +83,15 @@ def test_steps_mode_runs_each_step_as_a_prefect_task(db_url: str) -> None:
 
 
 @pytest.mark.slow
-def test_lean_mode_one_prefect_task_per_sample(sqlite_url: str) -> None:
+def test_lean_mode_runs_no_prefect_task_runs(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     batch_id = create_batch(config("lean"), store)
     run_flow(store, batch_id, show_progress=False)
     _, steps = check_batch(store, batch_id)
-    assert all(st.task_run_id is None for st in steps)  # steps ran inside the chain's task run
+    assert all(st.task_run_id is None for st in steps)
+    flow_run_id = store.get_batch(batch_id).flow_run_id
+    assert flow_run_id  # the batch is still a Prefect flow run ...
+    assert count_task_runs(flow_run_id) == 0  # ... with nothing per sample or step
     store.close()
 
 

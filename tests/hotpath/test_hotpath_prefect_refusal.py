@@ -47,7 +47,7 @@ def refusing_store(prefect_api: str, sqlite_url: str, monkeypatch: pytest.Monkey
         asyncio.run(limit(None))
 
 
-@pytest.mark.parametrize("mode", ["lean", "chains", "steps"])
+@pytest.mark.parametrize("mode", ["chains", "steps"])  # lean runs no task runs
 def test_refused_task_runs_do_not_fail_samples(refusing_store: Store, mode: str) -> None:
     config = BatchConfig.model_validate({
         "name": f"refused-{mode}",
