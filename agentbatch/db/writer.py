@@ -91,9 +91,12 @@ def _update_statements(merged: dict[int, dict[str, Any]]) -> Iterable[tuple[Any,
 
 def write_group(conn: Connection, group: _Group) -> None:
     """Insert the group's step rows and apply its sample updates (inside the caller's transaction)."""
-    steps = group.steps()
-    if steps:
-        conn.execute(insert(_STEPS), steps)
+    # executemany needs one set of columns: inference and environment rows differ, so one INSERT per set
+    by_columns: dict[frozenset[str], list[dict[str, Any]]] = {}
+    for row in group.steps():
+        by_columns.setdefault(frozenset(row), []).append(row)
+    for rows in by_columns.values():
+        conn.execute(insert(_STEPS), rows)
     for statement, rows in _update_statements(group.sample_values()):
         conn.execute(statement, rows)
 
@@ -185,7 +188,8 @@ class StepWriter:
             with self.store.engine.begin() as conn:
                 write_group(conn, group)
             _resolve(group.items, None)
-        except Exception:  # noqa: BLE001 - retried one by one below, each failing only itself
+        except Exception as exc:  # noqa: BLE001 - retried one by one below, each failing only itself
+            log.debug("step writer: a group of %d failed (%s); retrying its items one by one", len(group.items), exc)
             self.stats.retried_groups += 1
             for item in group.items:
                 try:

@@ -32,7 +32,9 @@ def test_concurrent_steps_commit_in_groups(store: Store) -> None:
 
     async def sample(writer: StepWriter, sid: int) -> None:
         for index in range(6):  # a chain: each step waits for its own commit before the next
-            await writer.write_step(step_row(bid, sid, index), {"steps_done": index + 1,
+            row = step_row(bid, sid, index)  # the two kinds carry different columns, as in a batch
+            row.update({"prompt_tokens": 10, "output_tokens": 2} if index % 2 == 0 else {"tool_calls": 1})
+            await writer.write_step(row, {"steps_done": index + 1,
                                                                  "last_worker": "w0" if index % 2 == 0 else None})
 
     async def main() -> StepWriter:
@@ -46,6 +48,8 @@ def test_concurrent_steps_commit_in_groups(store: Store) -> None:
     assert all(s.steps_done == 6 and s.last_worker == "w0" for s in store.samples(bid))
     assert writer.stats.rows == 300
     assert writer.stats.groups < 300 and writer.stats.largest_group > 1  # many steps per transaction
+    assert writer.stats.retried_groups == 0  # mixed rows commit as one group, not one by one
+    assert {s.prompt_tokens for s in steps if s.index % 2 == 0} == {10}
 
 
 def test_bad_row_fails_only_its_writer(store: Store) -> None:
