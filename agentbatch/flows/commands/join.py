@@ -1,10 +1,12 @@
-"""`agentbatch join BATCH_ID`: one more worker process on a batch that others may be running too.
+"""`agentbatch join BATCH_ID`: one more worker process on a batch that others may be running too;
+`agentbatch join BATCH_ID --work-pool POOL [--workers N]`: N workers as flow runs of a Prefect work pool.
 
-Every process that joins a batch (on this machine or on others, all pointed at the same PostgreSQL
-store) takes unfinished samples in chunks under sample leases (`db/leases.py`), runs them, and takes
-the next chunk, until none is left. A process that dies (SIGKILL, a lost machine) stops renewing its
+Every worker of a batch (on this machine or on others, all pointed at the same PostgreSQL store)
+takes unfinished samples in chunks under sample leases (`db/leases.py`), runs them, and takes the
+next chunk, until none is left. A worker that dies (SIGKILL, a lost machine) stops renewing its
 leases: once they expire, or at once when the dead process was on the same host, the others take its
-samples over and continue them from their last committed step. Each worker is one Prefect flow run.
+samples over and continue them from their last committed step. Each worker is one Prefect flow run of
+`agentbatch-join` (`flows/join.py`).
 """
 
 from __future__ import annotations
@@ -18,16 +20,23 @@ from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect
 from agentbatch.flows.commands._inputs import shown_url, stored_config_error
 
 DEFAULT_CHUNK = 64
+DEFAULT_WORKERS = 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "join", help="add a worker process to a batch (scale-out over one PostgreSQL store)",
+        "join", help="add workers to a batch (scale-out over one PostgreSQL store)",
         description="Work on BATCH_ID beside any other process that runs it: claim up to --chunk unfinished "
         "samples under a lease, run them, claim more, until every sample is finished. Start one per core or "
         "machine against the same PostgreSQL store (--db or AGENTBATCH_DB_URL). Samples of a process that "
         "died are taken over once its leases expire (at once for a dead process on this host). Exit 0 when "
-        "the batch is finished, 1 when samples failed, 2 on bad input.",
+        "the batch is finished, 1 when samples failed, 2 on bad input. "
+        "With --work-pool POOL this process runs nothing: it registers (or updates) the deployment "
+        "agentbatch-join/batch-BATCH_ID-STORE (STORE: 8 hex digits naming the store) on that Prefect work pool, creates --workers flow runs of it and "
+        "exits; `prefect worker start --pool POOL` on each machine runs them. That needs a running Prefect "
+        "server (PREFECT_API_URL, or `agentbatch server start`) and the pool on it. The store URL is kept on "
+        "the server without its password: each worker machine sets AGENTBATCH_SECRET_DB_URL_PASSWORD (or "
+        "AGENTBATCH_DB_URL to the full URL of the same database).",
     )
     p.add_argument("batch_id", type=int)
     add_db_option(p)
@@ -38,72 +47,130 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds between looks for work while other processes hold every unfinished "
                         "sample (default 5.0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--work-pool", default=None, metavar="POOL",
+                   help="run the workers as flow runs of this Prefect work pool instead of in this process "
+                        "(default: none, this process is the worker)")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
+                   help=f"with --work-pool: flow runs to create, each one worker (default {DEFAULT_WORKERS})")
     p.set_defaults(func=main)
 
 
-def _unfinished(store: Any, batch_id: int) -> int:
-    counts = store.status_counts(batch_id)
-    return counts.get("pending", 0) + counts.get("running", 0)
-
-
-async def work(store: Any, batch_id: int, chunk: int, poll_s: float, show_progress: bool | None) -> dict[str, Any]:
-    """Claim, run, repeat; wait while others hold the rest (their leases may still expire)."""
-    from agentbatch.flows.batch import execute_batch
-    from agentbatch.flows.leased import BUSY
-
-    chunks = samples = 0
-    while _unfinished(store, batch_id):
-        outcome = await execute_batch(store, batch_id, show_progress=show_progress, claim_limit=chunk)
-        if outcome.status == BUSY:
-            await asyncio.sleep(poll_s)
-            continue
-        chunks += 1
-        samples = outcome.samples
-    counts = store.status_counts(batch_id)
-    return {"chunks": chunks, "samples": samples, "failed": counts.get("failed", 0),
-            "completed": counts.get("completed", 0)}
-
-
-def _join_flow() -> Any:
-    from prefect import flow
-
-    from agentbatch.tasks.runner import CoordinatedTaskRunner
-
-    @flow(name="agentbatch-join", task_runner=CoordinatedTaskRunner(), validate_parameters=False,
-          persist_result=False, log_prints=False)
-    async def join_flow(batch_id: int, db_url: str, chunk: int, poll_s: float,
-                        show_progress: bool | None = None) -> dict[str, Any]:
-        from agentbatch.db.store import Store
-
-        store = Store(db_url)
-        try:
-            return await work(store, batch_id, chunk, poll_s, show_progress)
-        finally:
-            store.close()
-
-    return join_flow
+def _args_problem(args: argparse.Namespace) -> str | None:
+    if args.chunk < 1:
+        return f"--chunk: expected a number of samples >= 1, got {args.chunk}"
+    if not args.poll > 0:
+        return f"--poll: expected seconds > 0, got {args.poll}"
+    if args.workers < 1:
+        return f"--workers: expected a number of flow runs >= 1, got {args.workers}"
+    if args.workers != DEFAULT_WORKERS and not args.work_pool:
+        return "--workers: only with --work-pool (without it this process is one worker)"
+    if args.work_pool is not None and not args.work_pool.strip():
+        return "--work-pool: expected a work pool name, got an empty string"
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.chunk < 1:
-        return fail(f"--chunk: expected a number of samples >= 1, got {args.chunk}")
-    if not args.poll > 0:
-        return fail(f"--poll: expected seconds > 0, got {args.poll}")
+    if problem := _args_problem(args):
+        return fail(problem)
     quiet_prefect_defaults()
+    if problem := _store_problem(args.db) or (args.work_pool and _server_problem()):
+        return fail(problem)  # the server is chosen before Prefect is imported (its settings)
     from agentbatch.db.store import Store
 
     store = Store(args.db)
-    row = store.get_batch(args.batch_id)
-    error = f"no batch {args.batch_id} in {shown_url(store.url)}" if row is None else stored_config_error(
-        row.config, args.batch_id)
-    if error:
+    try:
+        row = store.get_batch(args.batch_id)
+        error = f"no batch {args.batch_id} in {shown_url(store.url)}" if row is None else stored_config_error(
+            row.config, args.batch_id)
+        if error:
+            return fail(error)
+        if args.work_pool:
+            return _deploy(args, store, row.name)
+        return _run_here(args, store)
+    finally:
         store.close()
-        return fail(error)
+
+
+def _store_problem(db: str | None) -> str | None:
+    """The store must exist and answer: a worker never creates one."""
+    from agentbatch.db.engine import resolve_url, sqlite_path
+    from agentbatch.flows.commands._inputs import db_reachable_error
+
+    url = resolve_url(db)
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        return f"--db: no store at {path} (join works on a batch created by `agentbatch run` or `resume`)"
+    return db_reachable_error(url)
+
+
+def _run_here(args: argparse.Namespace, store: Any) -> int:
+    from agentbatch.flows.join import join_flow, stored_db_url
+    from agentbatch.flows.orphans import guard_prefect_server
+
+    guard_prefect_server()  # Prefect's temporary server, if it starts one, dies with this process
     started = time.perf_counter()
-    result = asyncio.run(_join_flow()(args.batch_id, store.url, args.chunk, args.poll,
-                                      False if args.no_progress else None))
-    store.close()
+    result = asyncio.run(join_flow(args.batch_id, stored_db_url(store.url), args.chunk, args.poll,
+                                   False if args.no_progress else None))
     print(f"batch {args.batch_id}: finished after {time.perf_counter() - started:.1f} s here "
           f"({result['chunks']} chunk(s) run by this process); {result['completed']} completed, "
           f"{result['failed']} failed", flush=True)
     return 1 if result["failed"] else 0
+
+
+def _server_problem() -> str | None:
+    """A work pool lives on a running Prefect server: PREFECT_API_URL, or agentbatch's local server
+    when it runs (never started here, never Prefect's temporary one: workers could not reach it)."""
+    import httpx
+
+    from agentbatch.flows.commands.deploy import SERVER_HINT
+    from agentbatch.flows.prefect_server import choose_api
+
+    try:
+        api = choose_api(start=False)
+    except ValueError as exc:  # a bad AGENTBATCH_PREFECT_SERVER
+        return str(exc)
+    if api.url is None:
+        return f"--work-pool: no Prefect server to register the workers on; {SERVER_HINT}"
+    url = api.url.rstrip("/")
+    try:
+        httpx.get(f"{url}/health", timeout=10).raise_for_status()
+    except httpx.HTTPError as exc:
+        return f"--work-pool: the Prefect server at {url} does not answer ({exc.__class__.__name__}); {SERVER_HINT}"
+    return None
+
+
+def _deploy(args: argparse.Namespace, store: Any, batch_name: str) -> int:
+    from agentbatch.flows.join import (
+        DB_PASSWORD_VARIABLE,
+        JoinDeployment,
+        deploy_join,
+        unfinished,
+        work_pool_problem,
+    )
+
+    if problem := work_pool_problem(args.work_pool):
+        return fail(problem)
+    if not unfinished(store, args.batch_id):
+        print(f"batch {args.batch_id}: every sample is finished; no flow run created")
+        return 0
+    spec = JoinDeployment(batch_id=args.batch_id, batch_name=batch_name, db_url=store.url, work_pool=args.work_pool,
+                          workers=args.workers, chunk=args.chunk, poll_s=args.poll)
+    try:
+        done = deploy_join(spec)
+    except ValueError as exc:
+        return fail(f"cannot register the deployment: {exc}")
+    print(f"deployment {done.deployment} ({done.deployment_id}) on work pool {args.work_pool}; "
+          f"{len(done.flow_runs)} flow run(s) created:")
+    for name, run_id in done.flow_runs:
+        print(f"  {name} ({run_id})")
+    secret = f"{DB_PASSWORD_VARIABLE}=... " if "${" in spec.parameters()["db_url"] else ""
+    print(f"they drive batch {args.batch_id} in the store {shown_url(store.url)}; start workers on each machine "
+          f"(agentbatch installed, the store and the Prefect server reachable):\n"
+          f"  {secret}PREFECT_API_URL={_api_url()} prefect worker start --pool {args.work_pool}", flush=True)
+    return 0
+
+
+def _api_url() -> str:
+    from prefect.settings import get_current_settings
+
+    return str(get_current_settings().api.url)

@@ -1,0 +1,164 @@
+"""Scale-out workers of one batch: the `agentbatch-join` flow, and its deployment on a work pool.
+
+A worker claims unfinished samples of a batch in chunks under sample leases (`db/leases.py`), runs
+them, claims the next chunk, and ends once every sample is finished; several of them (on one machine
+or many, over one PostgreSQL store) split a batch between them. Two ways to start workers:
+- `agentbatch join BATCH_ID`: this process is one worker (one flow run of `join_flow`);
+- `agentbatch join BATCH_ID --work-pool POOL --workers N`: `deploy_join` registers a deployment of
+  `join_flow` (module entrypoint, so any machine with agentbatch installed loads it) on the work pool
+  and creates N flow runs of it; `prefect worker start --pool POOL` on each machine runs them.
+
+The store URL is a flow-run parameter, which the Prefect server keeps in plain text: it holds the
+password as a reference (`${AGENTBATCH_SECRET_DB_URL_PASSWORD}`, from `protocols/secrets.py`) that
+each worker resolves from its own environment, or from its AGENTBATCH_DB_URL when that names the
+same database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import flow
+from sqlalchemy.engine import make_url
+
+from agentbatch.dashboards.artifacts import store_tag
+from agentbatch.db.store import Store
+from agentbatch.flows.batch import execute_batch
+from agentbatch.flows.identity import batch_tags, flow_run_name
+from agentbatch.flows.leased import BUSY
+from agentbatch.protocols.secrets import MissingSecret, from_stored, install_log_redaction, to_stored
+from agentbatch.tasks.runner import CoordinatedTaskRunner
+
+FLOW_NAME = "agentbatch-join"
+DB_PASSWORD_VARIABLE = "AGENTBATCH_SECRET_DB_URL_PASSWORD"  # what to_stored names the db_url's password
+
+
+def unfinished(store: Store, batch_id: int) -> int:
+    counts = store.status_counts(batch_id)
+    return counts.get("pending", 0) + counts.get("running", 0)
+
+
+async def work(store: Store, batch_id: int, chunk: int, poll_s: float, show_progress: bool | None) -> dict[str, Any]:
+    """Claim, run, repeat; wait while others hold the rest (their leases may still expire)."""
+    chunks = samples = 0
+    while unfinished(store, batch_id):
+        outcome = await execute_batch(store, batch_id, show_progress=show_progress, claim_limit=chunk)
+        if outcome.status == BUSY:
+            await asyncio.sleep(poll_s)
+            continue
+        chunks += 1
+        samples = outcome.samples
+    counts = store.status_counts(batch_id)
+    return {"chunks": chunks, "samples": samples, "failed": counts.get("failed", 0),
+            "completed": counts.get("completed", 0)}
+
+
+def stored_db_url(url: str) -> str:
+    """The store URL as a flow-run parameter: a password becomes `${AGENTBATCH_SECRET_DB_URL_PASSWORD}`
+    (this process keeps the value in its environment, so a flow run here still resolves it)."""
+    return str(to_stored({"db_url": url})["db_url"])
+
+
+def _same_database(a: str, b: str) -> bool:
+    ua, ub = make_url(a), make_url(b)
+    return (ua.get_backend_name(), ua.username, ua.host, ua.port, ua.database) == \
+        (ub.get_backend_name(), ub.username, ub.host, ub.port, ub.database)
+
+
+def resolve_db_url(param: str) -> str:
+    """The store URL a worker opens: the parameter with its password reference resolved from this
+    process's environment; failing that, AGENTBATCH_DB_URL when it names the same database."""
+    try:
+        return str(from_stored({"db_url": param})["db_url"])
+    except MissingSecret:
+        env_url = os.environ.get("AGENTBATCH_DB_URL", "")
+        if env_url and _same_database(env_url, param):
+            return env_url
+        raise MissingSecret(f"the store URL {param} keeps its password in the environment: set "
+                            f"{DB_PASSWORD_VARIABLE} (or AGENTBATCH_DB_URL to the full URL) where this worker "
+                            "runs") from None
+
+
+@flow(name=FLOW_NAME, task_runner=CoordinatedTaskRunner(), validate_parameters=False, persist_result=False,
+      log_prints=False)
+async def join_flow(batch_id: int, db_url: str, chunk: int, poll_s: float,
+                    show_progress: bool | None = None) -> dict[str, Any]:
+    """One worker of a batch: claim up to `chunk` unfinished samples, run them, repeat until the
+    batch is finished (see the module doc)."""
+    install_log_redaction()
+    store = Store(resolve_db_url(db_url))
+    try:
+        return await work(store, batch_id, chunk, poll_s, show_progress)
+    finally:
+        store.close()
+
+
+@dataclass
+class JoinDeployment:
+    """What `deploy_join` registers: the batch, its store and the pool whose workers run it."""
+
+    batch_id: int
+    batch_name: str
+    db_url: str  # as this process opened it; stored without its password
+    work_pool: str
+    workers: int
+    chunk: int
+    poll_s: float
+
+    @property
+    def name(self) -> str:
+        """`batch-<id>-<store tag>`: batch ids repeat across stores that report to one server."""
+        return f"batch-{self.batch_id}-{store_tag(self.db_url)}"
+
+    def parameters(self) -> dict[str, Any]:
+        return {"batch_id": self.batch_id, "db_url": stored_db_url(self.db_url), "chunk": self.chunk,
+                "poll_s": self.poll_s, "show_progress": False}
+
+
+@dataclass
+class Deployed:
+    deployment: str  # flow/deployment name
+    deployment_id: str
+    flow_runs: list[tuple[str, str]] = field(default_factory=list)  # (name, id)
+
+
+def deploy_join(spec: JoinDeployment) -> Deployed:
+    """Register (or update) the batch's deployment of `join_flow` on the pool, and create
+    `spec.workers` flow runs of it (scheduled now; the pool's workers pick them up)."""
+    from prefect import get_client
+    from prefect.types.entrypoint import EntrypointType
+
+    tags = batch_tags(spec.db_url, spec.batch_id)
+    deployment = join_flow.to_deployment(
+        name=spec.name, parameters=spec.parameters(), work_pool_name=spec.work_pool, tags=tags,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        description=f"agentbatch workers of batch {spec.batch_id} ({spec.batch_name}): each flow run claims "
+        "unfinished samples under leases until the batch is finished",
+    )
+    deployment_id = deployment.apply()
+    out = Deployed(deployment=f"{FLOW_NAME}/{spec.name}", deployment_id=str(deployment_id))
+    base = flow_run_name(spec.batch_id, spec.batch_name)
+    with get_client(sync_client=True) as client:
+        for k in range(1, spec.workers + 1):
+            run = client.create_flow_run_from_deployment(deployment_id, name=f"{base}-worker-{k}", tags=tags)
+            out.flow_runs.append((run.name, str(run.id)))
+    return out
+
+
+def work_pool_problem(pool: str) -> str | None:
+    """None when the Prefect server has work pool `pool`, else what is wrong."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+        except ObjectNotFound:
+            names = sorted(p.name for p in client.read_work_pools())
+            known = f"the server has {', '.join(names)}" if names else "the server has none"
+            return (f"--work-pool: no work pool {pool!r} on the Prefect server ({known}); create it with "
+                    f"`prefect work-pool create {pool} --type process`")
+    return None
