@@ -3,7 +3,9 @@
 (b) lean: the batch flow in lean mode (a Prefect task run per sample, every step in the store),
 (c) visible: the default mode (chains: a task run per sample, every step in the store and listed in
     batched Prefect events),
-and, with --steps-mode, (d) steps: a Prefect task run per step, for comparison.
+(d) raw+rows: the raw loop writing the same step rows and sample progress to the same store, one
+    transaction per step (what a plain asyncio loop needs so that a step counts only once committed),
+and, with --steps-mode, (e) steps: a Prefect task run per step, for comparison.
 
 Each at 200 and 2,000 samples (BFCL has 800 multi-turn tasks; larger batches repeat them); steps/s,
 client CPU ms/step and the Prefect server's CPU ms/step, in one run on one machine. --rss-samples N
@@ -130,8 +132,37 @@ class Row:
                 f"{1000 * self.cpu_s / self.steps:.3f} | {server} |")
 
 
-async def raw_loop(samples: int) -> int:
-    """Engine and environment only: the floor that any orchestration adds to."""
+class RowSink:
+    """raw+rows: each step's row and its sample's progress committed in one transaction, in line."""
+
+    def __init__(self, db: str, samples: int) -> None:
+        from agentbatch.db.models import Sample, Step
+        from agentbatch.db.store import Store
+
+        self.store = Store(db)
+        self.batch_id = self.store.create_batch(f"raw-rows-{samples}", {}, tasks_for(samples))
+        self.sample_ids = [s.id for s in self.store.samples(self.batch_id)]
+        self.steps, self.samples = Step.__table__, Sample.__table__
+
+    def write(self, i: int, index: int, kind: str, response: dict[str, Any], tokens: dict[str, Any]) -> None:
+        from sqlalchemy import insert, update
+
+        now = time.time()
+        with self.store.engine.begin() as conn:
+            conn.execute(insert(self.steps), {
+                "batch_id": self.batch_id, "sample_id": self.sample_ids[i], "index": index, "kind": kind,
+                "attempt": 1, "status": "completed", "enqueued_at": now, "started_at": now, "finished_at": now,
+                "response": response, **tokens})
+            conn.execute(update(self.samples).where(self.samples.c.id == self.sample_ids[i])
+                         .values(steps_done=index + 1))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+async def raw_loop(samples: int, sink: RowSink | None = None) -> int:
+    """Engine and environment only (the floor that any orchestration adds to); with a sink, plus
+    the store writes a plain loop needs."""
     from agentbatch.engines.registry import make_engines
     from agentbatch.environments.registry import make_workload
     from agentbatch.protocols.engine import ChatRequest
@@ -158,10 +189,16 @@ async def raw_loop(samples: int) -> int:
                                                                sample_id=i, task_id=task_id,
                                                                step_index=state.step_index))
                     state.apply_inference(result.message)
+                    if sink is not None:
+                        sink.write(i, state.step_index - 1, "inference", AgentState.inference_record(result),
+                                   {"prompt_tokens": result.prompt_tokens, "output_tokens": result.output_tokens})
                 else:
                     assert state.last_assistant is not None
                     out = await env.step(state.last_assistant)
                     state.apply_environment(out.messages, out.done, out.info.get("tools"))
+                    if sink is not None:
+                        sink.write(i, state.step_index - 1, "environment", AgentState.environment_record(out),
+                                   {"tool_calls": out.tool_calls})
                 steps += 1
             assert (await env.score())["score"] == 1.0
             await env.close()
@@ -195,10 +232,19 @@ def measure(mode: str, samples: int, db: str, server: Server) -> Row:
     tasks_for(samples)  # list the tasks before the clock starts (same for every mode)
     server_before = server.cpu_s()
     wall, cpu = time.perf_counter(), time.process_time()
-    steps = asyncio.run(raw_loop(samples)) if mode == "raw" else run_flow_mode(db, samples, mode)
+    if mode == "raw":
+        steps = asyncio.run(raw_loop(samples))
+    elif mode == "raw+rows":
+        sink = RowSink(db, samples)
+        try:
+            steps = asyncio.run(raw_loop(samples, sink))
+        finally:
+            sink.close()
+    else:
+        steps = run_flow_mode(db, samples, mode)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     server_after = server.cpu_s()
-    server_cpu = None if mode == "raw" or server_before is None or server_after is None else server_after - server_before
+    server_cpu = None if mode.startswith("raw") or server_before is None or server_after is None else server_after - server_before
     return Row(mode, samples, steps, wall, cpu, server_cpu)
 
 
@@ -233,7 +279,7 @@ def main() -> int:
     try:
         load_before = os.getloadavg()
         measure("lean", 4, db, server)  # warm-up: imports, the flow's first run
-        modes = ["raw", "lean", "visible"] + (["steps"] if args.steps_mode else [])
+        modes = ["raw", "raw+rows", "lean", "visible"] + (["steps"] if args.steps_mode else [])
         rows = [measure(mode, n, db, server) for n in sizes for mode in modes]
         load_after = os.getloadavg()
         rss = peak_rss(args.rss_samples, db) if args.rss_samples else None
@@ -251,7 +297,8 @@ def main() -> int:
     big = max(sizes)
     by = {r.mode: r for r in rows if r.samples == big}
     print(f"\nat {big} samples: lean {by['lean'].steps_per_s / by['raw'].steps_per_s:.2f}x raw, visible "
-          f"{by['visible'].steps_per_s / by['raw'].steps_per_s:.2f}x raw")
+          f"{by['visible'].steps_per_s / by['raw'].steps_per_s:.2f}x raw; client CPU per step: lean "
+          f"{by['lean'].cpu_s / by['raw+rows'].cpu_s:.2f}x raw+rows (a plain loop writing the same rows)")
     print(f"lean steps/s {by['lean'].steps_per_s:.0f} ({by['lean'].steps_per_s / by['raw'].steps_per_s:.2f} of raw); "
           f"visible steps/s {by['visible'].steps_per_s:.0f}")
     return 0
