@@ -70,18 +70,20 @@ def start_worker(pool: str, env: dict[str, str], log: Path) -> subprocess.Popen[
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the worker's process group, SIGKILL when it lingers."""
-    for sig, wait_s in ((signal.SIGTERM, 20), (signal.SIGKILL, 20)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait_s)
-            return
+    """SIGKILL to the worker's process group (it and any flow-run process it started; by now their
+    runs are over, and a graceful stop of a Prefect worker takes many seconds)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
 
 
-def lease_pids(store: Store, batch_id: int) -> set[str]:
-    """Process ids of the lease owners (`host:pid:random`) holding the batch's samples right now."""
-    return {s.lease_owner.split(":")[1] for s in store.samples(batch_id) if s.lease_owner}
+def lease_pids(store: Store, batch_id: int) -> dict[str, set[int]]:
+    """The samples each process (by the pid in its lease owner id `host:pid:random`) holds right now."""
+    held: dict[str, set[int]] = {}
+    for s in store.samples(batch_id):
+        if s.lease_owner:
+            held.setdefault(s.lease_owner.split(":")[1], set()).add(s.id)
+    return held
 
 
 def completed_steps(store: Store, batch_id: int) -> set[tuple[int, int]]:
@@ -94,12 +96,13 @@ def completed_steps(store: Store, batch_id: int) -> set[tuple[int, int]]:
 
 
 def wait_for_runs(name: str, store: Store, batch_id: int, worker: subprocess.Popen[bytes],
-                  log: Path) -> tuple[list[Any], set[str]]:
-    """Poll until both flow runs are in a terminal state; the lease-owner pids seen meanwhile."""
-    pids: set[str] = set()
+                  log: Path) -> tuple[list[Any], dict[str, set[int]]]:
+    """Poll until both flow runs are in a terminal state; the samples each process held meanwhile."""
+    pids: dict[str, set[int]] = {}
     deadline = time.monotonic() + 240
     while True:
-        pids |= lease_pids(store, batch_id)
+        for pid, held in lease_pids(store, batch_id).items():
+            pids.setdefault(pid, set()).update(held)
         _, runs = asyncio.run(deployment_runs(name))
         if len(runs) == 2 and all(r.state and r.state.type.value in TERMINAL for r in runs):
             return runs, pids

@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the server without its password: each worker machine sets AGENTBATCH_SECRET_DB_URL_PASSWORD (or "
         "AGENTBATCH_DB_URL to the full URL of the same database).",
     )
-    p.add_argument("batch_id", type=int)
+    p.add_argument("batch_id", type=int, help="the batch to work on (the id `agentbatch run` printed)")
     add_db_option(p)
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
                    help=f"samples claimed at a time (default {DEFAULT_CHUNK}; a few times "
@@ -159,15 +159,26 @@ def _deploy(args: argparse.Namespace, store: Any, batch_name: str) -> int:
         done = deploy_join(spec)
     except ValueError as exc:
         return fail(f"cannot register the deployment: {exc}")
-    print(f"deployment {done.deployment} ({done.deployment_id}) on work pool {args.work_pool}; "
-          f"{len(done.flow_runs)} flow run(s) created:")
+    print(f"deployment {done.deployment} ({done.deployment_id}) on work pool {args.work_pool}, store "
+          f"{shown_url(store.url)}; {len(done.flow_runs)} flow run(s) created:")
     for name, run_id in done.flow_runs:
         print(f"  {name} ({run_id})")
     secret = f"{DB_PASSWORD_VARIABLE}=... " if "${" in spec.parameters()["db_url"] else ""
-    print(f"they drive batch {args.batch_id} in the store {shown_url(store.url)}; start workers on each machine "
-          f"(agentbatch installed, the store and the Prefect server reachable):\n"
+    print(f"start workers on each machine (agentbatch installed, the store and the Prefect server reachable"
+          f"{_local_note(store.url)}; the store's password in {DB_PASSWORD_VARIABLE} or AGENTBATCH_DB_URL):\n"
           f"  {secret}PREFECT_API_URL={_api_url()} prefect worker start --pool {args.work_pool}", flush=True)
     return 0
+
+
+def _local_note(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return "; a SQLite store: only on this machine"
+    if parsed.host in (None, "", "localhost", "127.0.0.1", "::1"):
+        return f"; the store's host is {parsed.host or 'a local socket'}: only this machine reaches it"
+    return ""
 
 
 def _api_url() -> str:
