@@ -8,11 +8,23 @@ admission do):
 - **back off on thrash**: the engines recomputed evicted prefixes (recomputed / prompt tokens above
   `thrash_recompute`), preempted running requests (preemptions per completed step above
   `thrash_preempt`), or the window's prefix-cache hit rate fell `thrash_hit_drop` below the best
-  window seen while KV usage is at least `thrash_kv`. Then the limit drops to `backoff` x the samples admitted now, so it bites at once;
-- **grow while the GPU idles**, above the start when the engines are measured (no metrics source:
-  back up to the start only, so the configured limit stays a cap where nothing is measured): samples wait for admission, no inference request waits (in the
+  window seen while KV usage is at least `thrash_kv`. Then the limit drops to `backoff` x the samples admitted now, so it bites at once,
+  and the controller remembers where thrash began: it never grows back to that many samples.
+  A back-off on recompute is a trial: once it has taken effect (no more samples admitted than the
+  new limit), the next window's recomputed share of prompt tokens must have fallen below
+  `undo_frac` x the share that caused it.
+  If not, the recompute is not caused by concurrency (a hybrid engine with fewer state checkpoints
+  than samples recomputes at any limit), so fewer samples only idle the GPU: the limit goes back
+  to where it was, and only pressure above 1.5x that level counts as thrash from then on;
+- **grow while the GPU idles**, back up to the start, and above it up to `ceiling` when one is set
+  and the engines are measured: samples wait for admission, no inference request waits (in the
   engines or for a worker slot), KV usage is below `grow_kv`, and the environment queue is not
   longer than the environment slots (so more samples would give the engines work, not the queue).
+  Without a ceiling the start is the cap: the resource model priced N_ref for the contexts samples
+  reach, while a window early in a batch measures short contexts and a KV usage of the running
+  requests only (cached prefixes of waiting samples are not in it, in vLLM or the engine model), so
+  growth on early windows admits samples whose caches evict each other later, when the limit can
+  no longer take them back (an admitted sample is never stopped).
 
 It is pure: no clock, no I/O. The scheduling core feeds it (`SchedulingCore.enable_adaptive_admission`)
 on each completed step with its own queue lengths and the engines' cumulative counters from a hook
@@ -55,17 +67,18 @@ class AdmissionSignals:
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
     window_steps: int = 0  # completed steps between decisions; 0 = max(8, start // 2)
-    floor_frac: float = 0.25  # the limit never goes below floor_frac x start (and never below 1)
-    # With measured engine counters the limit may grow above its start up to this (None: no bound
-    # but the thrash signals); without them it grows back only to the start, the configured limit.
+    floor_frac: float = 0.50  # the limit never goes below floor_frac x start (and never below 1)
+    # With measured engine counters the limit may grow above its start up to this; None: the start
+    # (see the module docstring); without counters it grows back only to the start.
     ceiling: int | None = None
     backoff: float = 0.75
     grow_frac: float = 0.25  # additive step: max(1, grow_frac x limit)
-    thrash_recompute: float = 0.05
+    thrash_recompute: float = 0.10
     thrash_preempt: float = 0.01
     thrash_hit_drop: float = 0.10
     thrash_kv: float = 0.85  # the hit-rate drop counts only with KV usage at least this
     grow_kv: float = 0.70
+    undo_frac: float = 0.5  # a back-off that did not bring the pressure below this share is undone
 
 
 @dataclass(slots=True)
@@ -74,7 +87,7 @@ class Decision:
 
     steps: int
     limit: int
-    reason: str  # "thrash", "grow" or "hold"
+    reason: str  # "thrash", "grow", "hold", "relieved" or "undo" (a back-off judged)
     hit_rate: float | None
 
 
@@ -88,7 +101,8 @@ class AdmissionController:
         self.start = start
         self.limit = start
         self.floor = max(1, int(start * s.floor_frac))
-        self.ceiling = max(start, s.ceiling) if s.ceiling is not None else 1 << 30
+        self.ceiling = max(start, s.ceiling) if s.ceiling is not None else start
+        self.thrash_at: int | None = None  # samples admitted when thrash was first measured
         self.window = s.window_steps or max(8, start // 2)
         self.history: list[Decision] = []
         self._steps = 0
@@ -96,6 +110,8 @@ class AdmissionController:
         self._last: EngineCounters | None = None
         self._best_hit: float | None = None
         self._last_steps = 0
+        self._trial: tuple[int, float] | None = None  # a back-off on trial: (limit before, pressure then)
+        self._tolerated = 0.0  # pressure that a back-off did not relieve
 
     def due(self, steps_completed: int) -> bool:
         """True when a window of steps has completed since the last decision."""
@@ -112,14 +128,21 @@ class AdmissionController:
             return self.limit
         hit = _ratio(eng.cached_tokens - last.cached_tokens, eng.prompt_tokens - last.prompt_tokens)
         steps, self._last_steps = signals.steps_completed - self._last_steps, signals.steps_completed
-        if self._thrashing(eng, last, hit, steps):
+        pressure = _pressure(eng, last)
+        if signals.admitted > self.limit:  # the last back-off has not taken effect yet: judge it first
+            reason = "hold"
+        elif self._trial is not None and pressure is not None:
+            reason = self._judge_trial(pressure)
+        elif (cause := self._thrashing(eng, last, hit, steps, pressure)) is not None:
             reason = "thrash"
             base = min(self.limit, max(1, signals.admitted))
+            self.thrash_at = base if self.thrash_at is None else min(self.thrash_at, base)
+            if cause == "recompute" and pressure is not None:
+                self._trial = (self.limit, pressure)  # judged once the back-off has taken effect
             self.limit = max(self.floor, int(base * self.settings.backoff))
-        elif self.limit < (self.ceiling if eng.measured else self.start) and self._idle(signals):
+        elif self.limit < self._top(eng.measured) and self._idle(signals):
             reason = "grow"
-            top = self.ceiling if eng.measured else self.start
-            self.limit = min(top, self.limit + max(1, int(self.limit * self.settings.grow_frac)))
+            self.limit = min(self._top(eng.measured), self.limit + max(1, int(self.limit * self.settings.grow_frac)))
         else:
             reason = "hold"
         if hit is not None:
@@ -127,20 +150,36 @@ class AdmissionController:
         self.history.append(Decision(self._steps, self.limit, reason, hit))
         return self.limit
 
-    def _thrashing(self, eng: EngineCounters, last: EngineCounters, hit: float | None, steps: int) -> bool:
+    def _judge_trial(self, pressure: float) -> str:
+        assert self._trial is not None
+        before, then = self._trial
+        self._trial = None
+        if pressure < self.settings.undo_frac * then:
+            return "relieved"
+        self.limit, self.thrash_at = before, None
+        self._tolerated = max(self._tolerated, then)
+        return "undo"
+
+    def _top(self, measured: bool) -> int:
+        """How far the limit may grow: the ceiling (measured) or the start, below where thrash began."""
+        top = self.ceiling if measured else self.start
+        return top if self.thrash_at is None else max(self.floor, min(top, self.thrash_at - 1))
+
+    def _thrashing(self, eng: EngineCounters, last: EngineCounters, hit: float | None, steps: int,
+                   pressure: float | None) -> str | None:
+        """What shows thrash in this window ("recompute", "preempt", "hit"), or None."""
         s = self.settings
-        prompt = eng.prompt_tokens - last.prompt_tokens
-        if eng.recomputed_tokens is not None and last.recomputed_tokens is not None:
-            recomputed = _ratio(eng.recomputed_tokens - last.recomputed_tokens, prompt)
-            if recomputed is not None and recomputed > s.thrash_recompute:
-                return True
+        if pressure is not None and pressure > max(s.thrash_recompute, 1.5 * self._tolerated):
+            return "recompute"
         preempt = _ratio(eng.preemptions - last.preemptions, steps)
         if preempt is not None and preempt > s.thrash_preempt:
-            return True
+            return "preempt"
         # A lower hit rate alone is often just other tasks' prompts; it means eviction only when the
         # cache is full.
-        return (hit is not None and self._best_hit is not None and hit < self._best_hit - s.thrash_hit_drop
-                and eng.kv_usage >= s.thrash_kv)
+        if (hit is not None and self._best_hit is not None and hit < self._best_hit - s.thrash_hit_drop
+                and eng.kv_usage >= s.thrash_kv):
+            return "hit"
+        return None
 
     def _idle(self, sig: AdmissionSignals) -> bool:
         return (
@@ -151,6 +190,13 @@ class AdmissionController:
             and sig.engine.kv_usage < self.settings.grow_kv
             and sig.env_queued <= sig.env_slots
         )
+
+
+def _pressure(eng: EngineCounters, last: EngineCounters) -> float | None:
+    """The window's recomputed share of prompt tokens (None where the engine does not count it)."""
+    if eng.recomputed_tokens is None or last.recomputed_tokens is None:
+        return None
+    return _ratio(eng.recomputed_tokens - last.recomputed_tokens, eng.prompt_tokens - last.prompt_tokens)
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -1,9 +1,11 @@
 """The scheduling defaults, defined once: the batch config (`run`), `replay` (both modes), the
 virtual-time config and `AdmissionLimits` all read them from here.
 
-The defaults are the coordination policies (docs/ablation.md): decoupled admission, CAAS for the
-environment queue, trajectory-aware routing, chain-progress engine priority and longest-recorded-
-chain-first admission when the store (or `--priors`) has history.
+The defaults are the coordination policies (docs/ablation.md): decoupled admission, history-aware
+CAAS for the environment queue (longest recorded chain first; plain CAAS, by observed progress,
+for samples without history), trajectory-aware routing, chain-progress engine priority and
+longest-recorded-chain-first admission when the store (or `--priors`) has history, with adaptive
+admission control starting at the reference concurrency.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class SchedulingDefaults:
     per_worker_inflight: int = 16  # inference requests in flight per engine worker
     coupled: bool = False  # True = baseline: a sample holds an environment slot while admitted
     admission_order: str = "longest_prior_first"  # or "arrival"
-    env_queue: str = "caas"
+    env_queue: str = "caas_history"  # rank "total"; without priors it orders as plain "caas"
     inference_queue: str = "fifo"
     router: str = "trajectory_aware"
     priority: str = "chain_progress"
