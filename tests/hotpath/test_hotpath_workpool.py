@@ -95,6 +95,23 @@ def completed_steps(store: Store, batch_id: int) -> set[tuple[int, int]]:
     return done
 
 
+def check_batch_done_once(store: Store, batch_id: int) -> None:
+    """Every sample completed, its chain complete and gap-free, no (sample, step) completed twice."""
+    samples = store.samples(batch_id)
+    assert all(s.status == "completed" and s.score == 1.0 and s.lease_owner is None for s in samples)
+    done = completed_steps(store, batch_id)
+    for s in samples:
+        assert sorted(i for sid, i in done if sid == s.id) == list(range(s.steps_done)) and s.steps_done > 0
+    assert store.get_batch(batch_id).status == "completed"
+
+
+def check_no_password(params: dict[str, Any], password: str, batch_id: int) -> None:
+    """Parameters as the Prefect server keeps them: the store URL with a reference, not the password."""
+    assert f":{password}@" not in json.dumps(params)
+    assert make_url(params["db_url"]).password == f"${{{DB_PASSWORD_VARIABLE}}}"
+    assert params["batch_id"] == batch_id
+
+
 def wait_for_runs(name: str, store: Store, batch_id: int, worker: subprocess.Popen[bytes],
                   log: Path) -> tuple[list[Any], dict[str, set[int]]]:
     """Poll until both flow runs are in a terminal state; the samples each process held meanwhile."""
@@ -146,16 +163,9 @@ def test_join_as_work_pool_flow_runs(pg_url: str, tmp_path: Path) -> None:
     assert len(pids) == 2, f"both flow runs should have claimed samples, lease owners seen: {pids}"
     assert str(worker.pid) not in pids  # the flow runs' own processes, not the worker
 
-    samples = store.samples(batch_id)
-    assert all(s.status == "completed" and s.score == 1.0 and s.lease_owner is None for s in samples)
-    done = completed_steps(store, batch_id)  # asserts no (sample, step) completed twice
-    for s in samples:  # each chain complete and gap-free
-        assert sorted(i for sid, i in done if sid == s.id) == list(range(s.steps_done)) and s.steps_done > 0
-    assert store.get_batch(batch_id).status == "completed"
+    check_batch_done_once(store, batch_id)
     for params in [deployment.parameters, *(r.parameters for r in runs)]:  # what the server keeps
-        assert f":{password}@" not in json.dumps(params)
-        assert make_url(params["db_url"]).password == f"${{{DB_PASSWORD_VARIABLE}}}"
-        assert params["batch_id"] == batch_id
+        check_no_password(params, password, batch_id)
     store.close()
 
 
