@@ -17,6 +17,7 @@ same database.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from agentbatch.db.store import Store
 from agentbatch.flows.batch import execute_batch
 from agentbatch.flows.identity import batch_tags, flow_run_name
 from agentbatch.flows.leased import BUSY
-from agentbatch.protocols.secrets import MissingSecret, from_stored, install_log_redaction, to_stored
+from agentbatch.protocols.secrets import ENV_REF, MissingSecret, from_stored, install_log_redaction, to_stored
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 
 FLOW_NAME = "agentbatch-join"
@@ -60,6 +61,13 @@ def stored_db_url(url: str) -> str:
     """The store URL as a flow-run parameter: a password becomes `${AGENTBATCH_SECRET_DB_URL_PASSWORD}`
     (this process keeps the value in its environment, so a flow run here still resolves it)."""
     return str(to_stored({"db_url": url})["db_url"])
+
+
+def worker_variables(stored_config: dict[str, Any], db_param: str) -> list[str]:
+    """The environment variables a worker machine must set: the secret references of the batch's
+    stored config (API keys...) and of the store URL parameter."""
+    text = json.dumps(stored_config) + db_param
+    return sorted(set(ENV_REF.findall(text)))
 
 
 def _same_database(a: str, b: str) -> bool:

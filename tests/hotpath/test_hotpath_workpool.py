@@ -24,7 +24,14 @@ from agentbatch.dashboards.artifacts import store_tag
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch
 from agentbatch.flows.config import BatchConfig
-from agentbatch.flows.join import DB_PASSWORD_VARIABLE, FLOW_NAME, resolve_db_url, stored_db_url
+from agentbatch.flows.join import (
+    DB_PASSWORD_VARIABLE,
+    FLOW_NAME,
+    resolve_db_url,
+    stored_db_url,
+    worker_variables,
+)
+from agentbatch.protocols.secrets import to_stored
 
 CONFIG = {
     "name": "workpool",
@@ -214,3 +221,8 @@ def test_worker_resolves_the_password_from_its_environment(monkeypatch: pytest.M
     with pytest.raises(ValueError, match=DB_PASSWORD_VARIABLE):
         resolve_db_url(stored)
     assert resolve_db_url("sqlite:////tmp/x.sqlite") == "sqlite:////tmp/x.sqlite"
+    # What `join --work-pool` tells each worker machine to set: the store's password and the config's secrets.
+    monkeypatch.delenv("AGENTBATCH_SECRET_ENGINE_PARAMS_API_KEY", raising=False)  # to_stored sets it: undone after
+    config = to_stored({"engine": {"params": {"api_key": "sk-abcdef123456", "base_url": "http://h/v1"}}})
+    assert worker_variables(config, stored) == [DB_PASSWORD_VARIABLE, "AGENTBATCH_SECRET_ENGINE_PARAMS_API_KEY"]
+    assert worker_variables({"engine": {"kind": "scripted"}}, "sqlite:////tmp/x.sqlite") == []

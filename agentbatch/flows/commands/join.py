@@ -85,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
         if error:
             return fail(error)
         if args.work_pool:
-            return _deploy(args, store, row.name)
+            return _deploy(args, store, row.name, row.config)
         return _run_here(args, store)
     finally:
         store.close()
@@ -139,13 +139,13 @@ def _server_problem() -> str | None:
     return None
 
 
-def _deploy(args: argparse.Namespace, store: Any, batch_name: str) -> int:
+def _deploy(args: argparse.Namespace, store: Any, batch_name: str, row_config: dict[str, Any]) -> int:
     from agentbatch.flows.join import (
-        DB_PASSWORD_VARIABLE,
         JoinDeployment,
         deploy_join,
         unfinished,
         work_pool_problem,
+        worker_variables,
     )
 
     if problem := work_pool_problem(args.work_pool):
@@ -163,11 +163,24 @@ def _deploy(args: argparse.Namespace, store: Any, batch_name: str) -> int:
           f"{shown_url(store.url)}; {len(done.flow_runs)} flow run(s) created:")
     for name, run_id in done.flow_runs:
         print(f"  {name} ({run_id})")
-    secret = f"{DB_PASSWORD_VARIABLE}=... " if "${" in spec.parameters()["db_url"] else ""
-    print(f"start workers on each machine (agentbatch installed, the store and the Prefect server reachable"
-          f"{_local_note(store.url)}; the store's password in {DB_PASSWORD_VARIABLE} or AGENTBATCH_DB_URL):\n"
-          f"  {secret}PREFECT_API_URL={_api_url()} prefect worker start --pool {args.work_pool}", flush=True)
+    print(_worker_hint(store.url, args.work_pool, worker_variables(row_config, spec.parameters()["db_url"])),
+          flush=True)
     return 0
+
+
+def _worker_hint(store_url: str, pool: str, needed: list[str]) -> str:
+    """How to start the pool's workers: the command, and the variables each machine sets."""
+    from agentbatch.flows.join import DB_PASSWORD_VARIABLE
+
+    notes = ["agentbatch installed, the store and the Prefect server reachable"]
+    if local := _local_note(store_url):
+        notes.append(local)
+    if needed:
+        instead = f" (AGENTBATCH_DB_URL may replace {DB_PASSWORD_VARIABLE})" if DB_PASSWORD_VARIABLE in needed else ""
+        notes.append(f"set there: {', '.join(needed)}{instead}")
+    settings = "".join(f"{name}=... " for name in needed)
+    return (f"start workers on each machine ({'; '.join(notes)}):\n"
+            f"  {settings}PREFECT_API_URL={_api_url()} prefect worker start --pool {pool}")
 
 
 def _local_note(url: str) -> str:
@@ -175,9 +188,9 @@ def _local_note(url: str) -> str:
 
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        return "; a SQLite store: only on this machine"
+        return "a SQLite store: only on this machine"
     if parsed.host in (None, "", "localhost", "127.0.0.1", "::1"):
-        return f"; the store's host is {parsed.host or 'a local socket'}: only this machine reaches it"
+        return f"the store's host is {parsed.host or 'a local socket'}: only this machine reaches it"
     return ""
 
 
