@@ -15,12 +15,16 @@ Scale: `--scale f` shrinks the batch (samples x f) and the hardware with it (slo
 engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-token contexts), so a cell keeps the samples-per-slot and
 samples-per-KV ratios of the full-size regime. The run stops after --budget-s and summarises the
 cells that ran (a uniform sample: cells run in a fixed shuffled order; it says how many).
-Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--jobs 2] [--budget-s 540]
+`--cells` reruns only the cells whose name (`family/profile/xM/wN`, M the slot multiple, N the
+workers) matches one of its comma-separated shell patterns, e.g. `'widesearch_like/*/x4/w1'`.
+Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--cells PATTERNS] [--jobs 2]
+       [--budget-s 540]
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import math
 import os
 import random
@@ -49,6 +53,10 @@ class Cell:
     profile: str
     scale: float
     seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}/{self.profile}/x{self.slot_mult}/w{self.workers}"
 
 
 @dataclass(frozen=True)
@@ -113,24 +121,47 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join(FAMILIES), help="comma-separated (default: all)")
     ap.add_argument("--scale", type=float, default=0.05, help="batch and hardware scale (default 0.05)")
     ap.add_argument("--seed", type=int, default=1, help="trace seed (default 1)")
+    ap.add_argument("--cells", default="",
+                    help="only cells whose name family/profile/xM/wN matches one of these comma-separated shell "
+                         "patterns, e.g. 'widesearch_like/*/x4/w1' (default: all)")
     ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="stop starting cells after this many seconds and summarise those that ran (default 540)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _cells(args: argparse.Namespace) -> list[Cell] | str:
+    """The cells to run, in a fixed shuffled order (so a run cut short by --budget-s is a uniform
+    sample of the matrix), or what is wrong with the arguments."""
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not 0 < args.scale <= 1:
-        print(f"error: --families must name {sorted(FAMILIES)} and --scale be in (0, 1]; got {unknown or args.scale}",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    # In a fixed shuffled order, so a run cut short by --budget-s is a uniform sample of the matrix.
+        return f"--families must name {sorted(FAMILIES)} and --scale be in (0, 1]; got {unknown or args.scale}"
     cells = [Cell(f, m, w, p, args.scale, args.seed) for f, p, m, w in product(families, PROFILES, SLOT_MULTS, WORKERS)]
+    cells = _matching(cells, [p for p in args.cells.split(",") if p])
+    if not cells:
+        return f"--cells {args.cells!r} matches no cell; names look like 'swe_like/llama3-8b-h100/x4/w1'"
     random.Random(0).shuffle(cells)
+    return cells
+
+
+def _matching(cells: list[Cell], patterns: list[str]) -> list[Cell]:
+    if not patterns:
+        return cells
+    return [c for c in cells if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    cells = _cells(args)
+    if isinstance(cells, str):
+        print(f"error: {cells}", file=sys.stderr)
+        return 2
     print(f"# scale {args.scale}: samples, env slots and engine KV blocks / max_num_seqs / state slots x{args.scale}; "
           f"{len(cells)} cells; budget {args.budget_s:.0f}s; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     print("# baselines per cell (in order): (a) coupled, best limit of {S/4,S/2,S}; (b) decoupled FIFO, all admitted; "
@@ -138,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     results: list[CellResult] = []
     pool = ProcessPoolExecutor(max_workers=max(1, args.jobs))
+    futures: list = []
     try:
         futures = [pool.submit(run_cell, c) for c in cells]
         for fut in as_completed(futures, timeout=args.budget_s):
@@ -146,11 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError:
         print(f"# budget of {args.budget_s:.0f}s spent: {len(results)} of {len(cells)} cells ran", flush=True)
     finally:
-        running = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in running:  # cells still running: stop them
-            proc.terminate()
+        _stop(pool, all(f.done() for f in futures))
     return _summary(results, time.perf_counter() - t0)
+
+
+def _stop(pool: ProcessPoolExecutor, all_done: bool) -> None:
+    if all_done:  # nothing left to stop: a plain shutdown (terminating idle workers races their pipes)
+        pool.shutdown(wait=True)
+        return
+    running = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in running:  # cells still running: stop them
+        proc.terminate()
 
 
 def _summary(results: list[CellResult], wall: float) -> int:
@@ -162,6 +201,12 @@ def _summary(results: list[CellResult], wall: float) -> int:
           f"{all(r.scores_same for r in results)}")  # fmt: skip
     print("# hardest cells (default / best baseline): " + "; ".join(
         f"{r.cell.family}/{r.cell.profile}/S={r.env_slots}/w={r.cell.workers} x{x:.3f}" for x, r in hardest))
+    # No policy ends below LB, so X cannot go below the geomean of LB / best baseline, and a cell whose
+    # best baseline is within 1/0.85 of LB cannot reach x0.85 at all.
+    floor = [r.lb_s / min(r.baseline_s.values()) for r in results]
+    print(f"# the best baseline vs LB: geomean {_geomean([1 / x for x in floor]):.3f}; lowest reachable geomean vs "
+          f"best baseline (default = LB everywhere) {_geomean(floor):.3f}; cells where x0.85 is below LB: "
+          f"{sum(1 for x in floor if x > 0.85)} of {len(results)}")  # fmt: skip
     print(f"# {len(results)} cells ran")
     print(f"cells worse than best baseline: {worse} of {len(results)}; geomean vs best baseline {_geomean(ratios):.3f}; "
           f"geomean vs LB {_geomean(lbs):.3f}")  # fmt: skip
