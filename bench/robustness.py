@@ -15,10 +15,11 @@ Scale: `--scale f` shrinks the batch (samples x f) and the hardware with it (slo
 engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-token contexts), so a cell keeps the samples-per-slot and
 samples-per-KV ratios of the full-size regime. The run stops after --budget-s and summarises the
 cells that ran (a uniform sample: cells run in a fixed shuffled order; it says how many).
-`--cells` reruns only the cells whose name (`family/profile/xM/wN`, M the slot multiple, N the
-workers) matches one of its comma-separated shell patterns, e.g. `'widesearch_like/*/x4/w1'`.
-Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--cells PATTERNS] [--jobs 2]
-       [--budget-s 540]
+`--no-history` runs the defaults without priors (a first run of the tasks). `--cells` reruns only
+the cells whose name (`family/profile/xM/wN`, M the slot multiple, N the workers) matches one of
+its comma-separated shell patterns, e.g. `'widesearch_like/*/x4/w1'`.
+Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--cells PATTERNS] [--no-history]
+       [--jobs 2] [--budget-s 540]
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Cell:
     profile: str
     scale: float
     seed: int
+    history: bool = True  # the defaults get priors (chain lengths of the same tasks in an earlier epoch)
 
     @property
     def name(self) -> str:
@@ -91,7 +93,8 @@ def run_cell(cell: Cell) -> CellResult:
     slots = max(1, int(round(cap["env_slots"] * cell.scale))) * cell.slot_mult
     profile = scaled_profile(cell.profile, cell.scale)
     trace = generate(cell.family, n, seed=cell.seed, epoch=1)
-    priors = chain_priors(generate(cell.family, n, seed=cell.seed, epoch=0))  # the same tasks, run before
+    # the same tasks, run before (--no-history: a first run, no priors)
+    priors = chain_priors(generate(cell.family, n, seed=cell.seed, epoch=0)) if cell.history else None
     n_ref = concurrency_for_profile(trace, profile, workers=cell.workers).n_ref
     default = VirtualConfig(workers=cell.workers, profile=profile, env_slots=slots, max_active=n_ref,
                             per_worker_inflight=None, priors=priors)  # fmt: skip
@@ -129,6 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--cells", default="",
                     help="only cells whose name family/profile/xM/wN matches one of these comma-separated shell "
                          "patterns, e.g. 'widesearch_like/*/x4/w1' (default: all)")
+    ap.add_argument("--no-history", action="store_true",
+                    help="run the defaults without priors, as a first run of these tasks (default: priors from an "
+                         "earlier epoch of the same tasks)")
     ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="stop starting cells after this many seconds and summarise those that ran (default 540)")
@@ -142,7 +148,8 @@ def _cells(args: argparse.Namespace) -> list[Cell] | str:
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not 0 < args.scale <= 1:
         return f"--families must name {sorted(FAMILIES)} and --scale be in (0, 1]; got {unknown or args.scale}"
-    cells = [Cell(f, m, w, p, args.scale, args.seed) for f, p, m, w in product(families, PROFILES, SLOT_MULTS, WORKERS)]
+    cells = [Cell(f, m, w, p, args.scale, args.seed, not args.no_history)
+             for f, p, m, w in product(families, PROFILES, SLOT_MULTS, WORKERS)]
     cells = _matching(cells, [p for p in args.cells.split(",") if p])
     if not cells:
         return f"--cells {args.cells!r} matches no cell; names look like 'swe_like/llama3-8b-h100/x4/w1'"
