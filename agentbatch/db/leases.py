@@ -176,12 +176,30 @@ class SampleLeases:
                                        Sample.lease_expires_at >= now))
         return [ForeignLease(r.id, r.lease_owner or "", r.lease_expires_at or 0.0) for r in rows]
 
+    def live_owners(self) -> list[str]:
+        """The processes driving the batch now (owners of unexpired leases on its unfinished
+        samples) and this one, in a fixed order every process sees alike."""
+        q = (select(Sample.lease_owner).distinct()
+             .where(Sample.batch_id == self.batch_id, Sample.status.in_(UNFINISHED),
+                    Sample.lease_owner.is_not(None), Sample.lease_expires_at >= self.clock()))
+        with self.store.session() as s:
+            owners = {o for o in s.scalars(q) if o}
+        return sorted(owners | {self.owner})
+
     def store_samples(self, condition) -> list[Sample]:  # type: ignore[no-untyped-def]
         q = (select(Sample)
              .where(Sample.batch_id == self.batch_id, Sample.status.in_(UNFINISHED), condition)
              .order_by(Sample.index))
         with self.store.session() as s:
             return list(s.scalars(q))
+
+
+def slot_share(total: int, owners: list[str], owner: str) -> int:
+    """This owner's part of `total` slots split among `owners` (the first `total % n` get one more);
+    at least 1, so a process always makes progress (the sum then exceeds a total below n)."""
+    n = max(1, len(owners))
+    rank = owners.index(owner) if owner in owners else n - 1
+    return max(1, total // n + (1 if rank < total % n else 0))
 
 
 # --- external environment steps cut short by a crash ---------------------------------------------------

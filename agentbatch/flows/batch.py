@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from prefect.context import FlowRunContext
 
 from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts, write_report_if
 from agentbatch.db.history import suite_priors
+from agentbatch.db.leases import slot_share
 from agentbatch.db.models import BatchStatus, SampleStatus
 from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
@@ -162,6 +164,8 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
                  abandoned)
     todo = keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
+    if config.scheduling.env_slots_scope == "batch":
+        keeper.on_owners = env_slot_share(config.scheduling.env_slots, keeper, coordinator)
     live = _LiveBatch(config, keeper, todo, batch, engines, total=len(store.samples(batch_id)))
     plan = admission_todo(config, store, batch_id, todo)
     live.todo, live.priors = plan.todo, plan.priors  # the order they queue for admission
@@ -169,6 +173,21 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), live.total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
     return live
+
+
+def env_slot_share(total: int, keeper: LeaseKeeper, coordinator: Coordinator) -> Callable[[list[str]], None]:
+    """Keep this process at its share of the batch's environment slots as processes join and leave."""
+    current = [total]
+
+    def apply(owners: list[str]) -> None:
+        share = slot_share(total, owners, keeper.leases.owner)
+        if share != current[0]:
+            log.info("batch %s: %d process(es) drive it; this one now runs up to %d of its %d environment "
+                     "slots", keeper.batch_id, len(owners), share, total)
+            current[0] = share
+            coordinator.set_env_slots(share)
+
+    return apply
 
 
 async def _run_chain(batch: BatchContext, sample: Any, progress: SampleProgress, mode: str | None) -> None:

@@ -76,6 +76,12 @@ class SchedulingConfig(_Strict):
     env_slots: int = Field(DEFAULTS.env_slots, ge=1, le=1_000_000, description="environment actions running at once")
     per_worker_inflight: int = Field(DEFAULTS.per_worker_inflight, ge=1, le=1_000_000,
                                      description="inference requests in flight per engine worker")
+    env_slots_scope: Literal["process", "batch"] = Field(
+        "process",
+        description="process: env_slots per process driving the batch (each machine's own sandboxes); "
+        "batch: env_slots for the whole batch, split among the processes that drive it (join, concurrent "
+        "resume) and rebalanced at each lease renewal (a shared sandbox cluster or a tool API's rate limit)",
+    )
     coupled: bool = Field(DEFAULTS.coupled, description="baseline: a sample holds an environment slot while admitted")
     admission_order: Literal["arrival", "longest_prior_first"] = Field(
         DEFAULTS.admission_order,  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +117,11 @@ class LeaseKeeper:
         self._lost: set[int] = set()
         self._renewer: asyncio.Task[None] | None = None
         self.total = 0
+        # Called on the event loop with the processes driving the batch, at the start and every
+        # `owners_poll_s` (e.g. to take this process's share of a batch-wide limit).
+        self.on_owners: Callable[[list[str]], None] | None = None
+        self.owners_poll_s = 2.0
+        self._watcher: asyncio.Task[None] | None = None
 
     def claim(self) -> list[Sample]:
         return self.leases.claim()
@@ -127,13 +132,32 @@ class LeaseKeeper:
     async def __aenter__(self) -> LeaseKeeper:
         self.total = len(self.store.samples(self.batch_id))
         self._renewer = asyncio.create_task(self._renew_loop(), name="agentbatch-lease-renewal")
+        if self.on_owners is not None:
+            await self._tell_owners()
+            self._watcher = asyncio.create_task(self._owners_loop(), name="agentbatch-lease-owners")
         return self
 
+    async def _owners_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.owners_poll_s)
+            await self._tell_owners()
+
+    async def _tell_owners(self) -> None:
+        if self.on_owners is None:
+            return
+        try:
+            owners = await asyncio.to_thread(self.leases.live_owners)
+        except Exception as exc:  # noqa: BLE001 - a store hiccup: keep the last share until the next tick
+            log.warning("batch %s: reading the processes that drive it failed: %s", self.batch_id, exc)
+            return
+        self.on_owners(owners)
+
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        for task in (self._renewer, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.to_thread(self.leases.release_all)
 
     async def _renew_loop(self) -> None:

@@ -200,6 +200,14 @@ class SchedulingCore:
         self.admission.resize(self.limits.effective_active(limit))
         return self._pump(self.admission, now)
 
+    def set_env_slots(self, slots: int, now: float) -> list[Grant]:
+        """Change how many environment actions may run at once (e.g. this process's share of a limit
+        that several processes split). A lower number takes effect as running actions end."""
+        if slots < 1:
+            raise ValueError(f"environment slots must be >= 1, got {slots}")
+        self.environment.resize(slots)
+        return self._pump(self.environment, now)
+
     def enable_adaptive_admission(self, controller: AdmissionController, counters: CountersHook | None) -> None:
         """Let `controller` set the admission limit after each window of completed steps, from the
         core's queues and the engines' counters (`counters`: the engine model's metrics in virtual

@@ -99,6 +99,11 @@ class Coordinator:
         when it grows; a lower limit takes effect as samples finish)."""
         self._deliver(self.core.set_admission_limit(limit, self.clock()))
 
+    def set_env_slots(self, slots: int) -> None:
+        """Change the environment slots while the batch runs (waiting actions start at once when they
+        grow; fewer take effect as running actions end)."""
+        self._deliver(self.core.set_env_slots(slots, self.clock()))
+
     # --- steps --------------------------------------------------------------------------------------
     async def acquire(self, ticket: StepTicket) -> str:
         """Wait for the resource the step needs; returns its slot name ("env-3", "worker-0#5").
