@@ -1,6 +1,6 @@
 """Orchestration overhead per step: the same BFCL chains in plain asyncio, through the Prefect flow
 (one task run per step), in chains mode (the default: one task run per sample chain, steps as batched
-Prefect events) and in lean mode (one task run per sample chain), in one run.
+Prefect events) and in lean mode (no task runs: the flow run and the store only), in one run.
 
 The engine is the scripted one with no waiting, so the time is agentbatch + Prefect + the store +
 the real bfcl backends and checker; the plain-asyncio run is the baseline that has all of it but
