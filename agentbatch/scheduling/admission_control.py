@@ -20,11 +20,15 @@ admission do):
   and the engines are measured: samples wait for admission, no inference request waits (in the
   engines or for a worker slot), KV usage is below `grow_kv`, and the environment queue is not
   longer than the environment slots (so more samples would give the engines work, not the queue).
-  Without a ceiling the start is the cap: the resource model priced N_ref for the contexts samples
-  reach, while a window early in a batch measures short contexts and a KV usage of the running
-  requests only (cached prefixes of waiting samples are not in it, in vLLM or the engine model), so
-  growth on early windows admits samples whose caches evict each other later, when the limit can
-  no longer take them back (an admitted sample is never stopped).
+  Without a ceiling the start is the cap until the evidence covers whole chains: the resource model
+  priced N_ref for the contexts samples reach, while a window early in a batch measures short
+  contexts and a KV usage of the running requests only (cached prefixes of waiting samples are not
+  in it, in vLLM or the engine model), so growth on early windows admits samples whose caches evict
+  each other later, when the limit can no longer take them back (an admitted sample is never
+  stopped). Once as many samples have finished as the start admits, and the batch so far has
+  recomputed at most `quiet_recompute` of its prompt tokens and never thrashed, the cache has held
+  whole chains at this concurrency and the limit may grow without bound (N_ref was too cautious,
+  e.g. a hybrid engine's checkpoint count bounding short chains).
 
 It is pure: no clock, no I/O. The scheduling core feeds it (`SchedulingCore.enable_adaptive_admission`)
 on each completed step with its own queue lengths and the engines' cumulative counters from a hook
@@ -61,6 +65,7 @@ class AdmissionSignals:
     env_slots: int
     inference_queued: int  # inference calls waiting for a worker slot in the core
     steps_completed: int = 0  # steps (both kinds) completed so far, counted by the core
+    samples_finished: int = 0  # samples ended so far, counted by the core
     engine: EngineCounters = field(default_factory=EngineCounters)
 
 
@@ -68,8 +73,8 @@ class AdmissionSignals:
 class ControllerSettings:
     window_steps: int = 0  # completed steps between decisions; 0 = max(8, start // 2)
     floor_frac: float = 0.50  # the limit never goes below floor_frac x start (and never below 1)
-    # With measured engine counters the limit may grow above its start up to this; None: the start
-    # (see the module docstring); without counters it grows back only to the start.
+    # With measured engine counters the limit may grow above its start up to this; None: the start,
+    # unbounded once whole chains ran quietly (module docstring); without counters only to the start.
     ceiling: int | None = None
     backoff: float = 0.75
     grow_frac: float = 0.25  # additive step: max(1, grow_frac x limit)
@@ -78,6 +83,7 @@ class ControllerSettings:
     thrash_hit_drop: float = 0.10
     thrash_kv: float = 0.85  # the hit-rate drop counts only with KV usage at least this
     grow_kv: float = 0.70
+    quiet_recompute: float = 0.01  # above the start only while the batch so far recomputed at most this share
     undo_frac: float = 0.5  # a back-off that did not bring the pressure below this share is undone
 
 
@@ -112,6 +118,8 @@ class AdmissionController:
         self._last_steps = 0
         self._trial: tuple[int, float] | None = None  # a back-off on trial: (limit before, pressure then)
         self._tolerated = 0.0  # pressure that a back-off did not relieve
+        self._seen_whole_chains = False  # as many samples finished as the start admits
+        self._quiet = False  # this window recomputed (almost) nothing
 
     def due(self, steps_completed: int) -> bool:
         """True when a window of steps has completed since the last decision."""
@@ -129,17 +137,14 @@ class AdmissionController:
         hit = _ratio(eng.cached_tokens - last.cached_tokens, eng.prompt_tokens - last.prompt_tokens)
         steps, self._last_steps = signals.steps_completed - self._last_steps, signals.steps_completed
         pressure = _pressure(eng, last)
+        self._note_quiet(signals)
         if signals.admitted > self.limit:  # the last back-off has not taken effect yet: judge it first
             reason = "hold"
         elif self._trial is not None and pressure is not None:
             reason = self._judge_trial(pressure)
         elif (cause := self._thrashing(eng, last, hit, steps, pressure)) is not None:
             reason = "thrash"
-            base = min(self.limit, max(1, signals.admitted))
-            self.thrash_at = base if self.thrash_at is None else min(self.thrash_at, base)
-            if cause == "recompute" and pressure is not None:
-                self._trial = (self.limit, pressure)  # judged once the back-off has taken effect
-            self.limit = max(self.floor, int(base * self.settings.backoff))
+            self._back_off(signals.admitted, pressure if cause == "recompute" else None)
         elif self.limit < self._top(eng.measured) and self._idle(signals):
             reason = "grow"
             self.limit = min(self._top(eng.measured), self.limit + max(1, int(self.limit * self.settings.grow_frac)))
@@ -149,6 +154,20 @@ class AdmissionController:
             self._best_hit = hit if self._best_hit is None else max(self._best_hit, hit)
         self.history.append(Decision(self._steps, self.limit, reason, hit))
         return self.limit
+
+    def _note_quiet(self, signals: AdmissionSignals) -> None:
+        """Whether whole chains have run at this concurrency with (almost) no recompute so far."""
+        eng = signals.engine
+        total = None if eng.recomputed_tokens is None else _ratio(eng.recomputed_tokens, eng.prompt_tokens)
+        self._seen_whole_chains = signals.samples_finished >= self.start
+        self._quiet = total is not None and total <= self.settings.quiet_recompute and self.thrash_at is None
+
+    def _back_off(self, admitted: int, recompute: float | None) -> None:
+        base = min(self.limit, max(1, admitted))
+        self.thrash_at = base if self.thrash_at is None else min(self.thrash_at, base)
+        if recompute is not None:
+            self._trial = (self.limit, recompute)  # judged once the back-off has taken effect
+        self.limit = max(self.floor, int(base * self.settings.backoff))
 
     def _judge_trial(self, pressure: float) -> str:
         assert self._trial is not None
@@ -163,6 +182,8 @@ class AdmissionController:
     def _top(self, measured: bool) -> int:
         """How far the limit may grow: the ceiling (measured) or the start, below where thrash began."""
         top = self.ceiling if measured else self.start
+        if measured and self.settings.ceiling is None and self._seen_whole_chains and self._quiet:
+            top = 1 << 30
         return top if self.thrash_at is None else max(self.floor, min(top, self.thrash_at - 1))
 
     def _thrashing(self, eng: EngineCounters, last: EngineCounters, hit: float | None, steps: int,

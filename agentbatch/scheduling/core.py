@@ -136,6 +136,7 @@ class SchedulingCore:
         self.controller: AdmissionController | None = None  # adaptive admission (enable_adaptive_admission)
         self.engine_counters: CountersHook | None = None
         self.steps_completed = 0
+        self.samples_finished = 0
 
     # --- what drivers tell the core -----------------------------------------------------------------
     def admission_ticket(self, sample: SampleProgress, now: float) -> StepTicket:
@@ -182,6 +183,7 @@ class SchedulingCore:
     def finish(self, sample: SampleProgress, now: float) -> list[Grant]:
         """The sample ended: its admission slot (and, coupled, its environment slot) is free."""
         sid = sample.sample_id
+        self.samples_finished += 1
         self.admission.give(self._admitted.pop(sid))
         held = self._held_env.pop(sid, None)
         if held is not None:
@@ -220,6 +222,7 @@ class SchedulingCore:
             admitted=self.admission.in_use, waiting_admission=len(self.admission.queue),
             env_queued=len(self.environment.queue), env_slots=self.environment.capacity,
             inference_queued=sum(len(p.queue) for p in self.workers.values()), steps_completed=self.steps_completed,
+            samples_finished=self.samples_finished,
             engine=self.engine_counters() if self.engine_counters is not None else EngineCounters(measured=False),
         )  # fmt: skip
 

@@ -131,3 +131,20 @@ def test_preemptions_per_step_and_the_floor() -> None:
 def test_start_must_be_positive() -> None:
     with pytest.raises(ValueError, match="start limit must be >= 1"):
         AdmissionController(0)
+
+
+@pytest.mark.parametrize(("finished", "recomputed", "grows"), [(30, 0.0, True), (29, 0.0, False), (30, 60.0, False)],
+                         ids=["whole-chains-quiet", "too-few-finished", "recomputed-before"])
+def test_without_a_ceiling_growth_past_the_start_needs_whole_chains_without_recompute(
+        finished: int, recomputed: float, grows: bool) -> None:  # fmt: skip
+    c = _primed(start=30)
+    steps, prompt = 10, 1000.0
+    for _ in range(4):
+        steps, prompt = steps + 10, prompt + 1000
+        c.due(steps)
+        sig = _sig(steps, prompt=prompt, cached=prompt * 0.9, recomputed=recomputed, admitted=c.limit)
+        c.update(AdmissionSignals(**{**{f: getattr(sig, f) for f in sig.__slots__}, "samples_finished": finished}))
+    # 30 finished = the start: the cache held whole chains at this concurrency; 60 of 5000 prompt
+    # tokens recomputed (1.2 %, no window near thrash) says it did not quite
+    assert "thrash" not in {d.reason for d in c.history}
+    assert (c.limit > 30) is grows
