@@ -36,6 +36,7 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 CACHE_CONFIG = "vllm:cache_config_info"  # an info gauge: the cache settings are its labels
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
+RECOMPUTED_TOKENS = "agentbatch:recomputed_tokens_total"  # serve-sim only; vLLM exports none
 
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\S+)?$")
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
@@ -96,6 +97,7 @@ class WorkerMetrics:
     preemptions: float = 0.0
     prompt_tokens: float = 0.0
     generation_tokens: float = 0.0
+    recomputed_tokens: float | None = None  # None: the worker does not export it (vLLM)
     cache_config: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -119,6 +121,8 @@ class WorkerMetrics:
             preemptions=self.preemptions - earlier.preemptions,
             prompt_tokens=self.prompt_tokens - earlier.prompt_tokens,
             generation_tokens=self.generation_tokens - earlier.generation_tokens,
+            recomputed_tokens=None if self.recomputed_tokens is None or earlier.recomputed_tokens is None
+            else self.recomputed_tokens - earlier.recomputed_tokens,
             cache_config=dict(self.cache_config),
         )
 
@@ -137,6 +141,7 @@ def metrics_from_text(name: str, url: str, text: str, scraped_at: float | None =
         kv_cache_usage=_mean(s, KV_USAGE), running=int(_sum(s, RUNNING)), waiting=int(_sum(s, WAITING)),
         preemptions=_sum(s, PREEMPTIONS), prompt_tokens=_sum(s, PROMPT_TOKENS),
         generation_tokens=_sum(s, GENERATION_TOKENS),
+        recomputed_tokens=_sum(s, RECOMPUTED_TOKENS) if RECOMPUTED_TOKENS in s else None,
         cache_config={k: v for k, v in info[0][0].items() if k not in ("engine", "model_name")} if info else {},
     )
 

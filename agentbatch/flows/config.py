@@ -91,8 +91,9 @@ class SchedulingConfig(_Strict):
     admission_control: Literal["adaptive", "static"] = Field(
         DEFAULTS.admission_control,  # type: ignore[arg-type]
         description="adaptive: the admission limit starts at max_active_samples and follows the engines' "
-        "measured pressure (backs off on KV thrash, grows while the GPU idles; above the start only where "
-        "the workers' /metrics are read); static: it stays at max_active_samples. Ignored when coupled",
+        "measured pressure (backs off on KV thrash, grows back while the GPU idles; above the start only "
+        "once as many samples as the start have finished with almost no recompute, where the engines "
+        "export recomputed tokens: serve-sim workers and virtual time); static: it stays at max_active_samples. Ignored when coupled",
     )
     # Defaults are the coordination policies (the ablation in docs/ablation.md); the baseline is
     # coupled: true, env_queue fifo, router round_robin, priority fcfs.

@@ -164,15 +164,19 @@ class Coordinator:
 
 def counters_from_workers(snapshots: Iterable[Any]) -> EngineCounters:
     """Sum the workers' latest /metrics snapshots (`engines.metrics.WorkerMetrics`) for the admission
-    controller: vLLM exports no recomputed-token counter, so preemptions and the hit rate stand for it."""
+    controller. Recomputed tokens come from workers that export them (serve-sim, as the engine model
+    gives them in virtual time); vLLM exports no such counter, so preemptions and the hit rate stand
+    for it there."""
     snaps = [m for m in snapshots if m.ok]
     if not snaps:
         return EngineCounters()
     kv = [m.kv_cache_usage for m in snaps if m.kv_cache_usage is not None]
+    recomputed = [m.recomputed_tokens for m in snaps]
     return EngineCounters(
         prompt_tokens=sum(m.prefix_cache_queries for m in snaps),
         cached_tokens=sum(m.prefix_cache_hits for m in snaps),
         preemptions=sum(m.preemptions for m in snaps),
+        recomputed_tokens=None if None in recomputed else sum(r for r in recomputed if r is not None),
         kv_usage=sum(kv) / len(kv) if kv else 0.0,
         waiting=sum(m.waiting for m in snaps),
     )

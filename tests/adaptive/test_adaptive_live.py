@@ -30,7 +30,7 @@ def test_live_core_reads_engine_counters_from_metrics() -> None:
         scraper = asyncio.run(_scrape_after_two_calls(url))
     counters = counters_from_workers(scraper.latest.values())
     assert counters.prompt_tokens > 0 and 0 < counters.cached_tokens < counters.prompt_tokens
-    assert counters.recomputed_tokens is None  # not a vLLM metric: preemptions and hit rate stand for it
+    assert counters.recomputed_tokens == 0.0  # serve-sim exports it, as the engine model has it in virtual time
     core = build_core(AdmissionLimits(max_active_samples=4, env_slots=2), ["sim-0"],
                       env_queue=PolicyChoice("caas"), inference_queue=PolicyChoice("fifo"),
                       router=PolicyChoice("trajectory_aware"), priority=PolicyChoice("chain_progress"))  # fmt: skip
@@ -38,3 +38,15 @@ def test_live_core_reads_engine_counters_from_metrics() -> None:
     coord.engine_counters = lambda: counters_from_workers(scraper.latest.values())
     assert core.controller is not None
     assert core.admission_signals().engine == counters
+
+
+def test_a_worker_without_the_recompute_counter_leaves_it_unmeasured() -> None:
+    from agentbatch.engines.metrics import metrics_from_text
+
+    vllm = 'vllm:prompt_tokens_total{engine="0"} 10.0\nvllm:num_preemptions_total{engine="0"} 1.0\n'
+    sim = vllm + 'agentbatch:recomputed_tokens_total{engine="0"} 7.0\n'
+    assert metrics_from_text("v", "u", vllm).recomputed_tokens is None  # vLLM: no such counter
+    assert metrics_from_text("s", "u", sim).recomputed_tokens == 7.0
+    both = counters_from_workers([metrics_from_text("v", "u", vllm), metrics_from_text("s", "u", sim)])
+    assert both.recomputed_tokens is None  # a sum over some workers would understate it
+    assert counters_from_workers([metrics_from_text("s", "u", sim)] * 2).recomputed_tokens == 14.0

@@ -52,7 +52,7 @@ def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         cli(["replay", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for flag, default in (("--max-active", 32), ("--env-slots", 8), ("--admission-order", "longest_prior_first"),
-                          ("--router", "trajectory_aware"), ("--env-queue", "caas"), ("--priority", "chain_progress")):
+                          ("--router", "trajectory_aware"), ("--env-queue", "caas_history"), ("--priority", "chain_progress")):
         assert flag in text and f"(default: {default})" in text
 
 
