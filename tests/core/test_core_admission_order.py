@@ -38,3 +38,20 @@ def test_longest_prior_first(sqlite_url: str) -> None:
     asyncio.run(execute_batch(store, third, use_prefect=False, show_progress=False))
     assert admission_order(store, third) == [s.task_id for s in store.samples(third)]
     store.close()
+
+
+def test_longest_tail_first(sqlite_url: str) -> None:
+    store = Store(sqlite_url)
+    first = create_batch(cfg("longest_tail_first"), store)
+    asyncio.run(execute_batch(store, first, use_prefect=False, show_progress=False))
+    listed = [s.task_id for s in store.samples(first)]
+    assert admission_order(store, first) == listed  # no history: as listed
+    lengths = {s.task_id: s.steps_done for s in store.samples(first)}
+    longest = max(listed, key=lambda t: (lengths[t], -listed.index(t)))
+
+    second = create_batch(cfg("longest_tail_first"), store)
+    asyncio.run(execute_batch(store, second, use_prefect=False, show_progress=False))
+    # a tenth of 6 samples rounds to the one longest; the other five follow as listed
+    assert admission_order(store, second) == [longest] + [t for t in listed if t != longest]
+    assert admission_order(store, second) != sorted(listed, key=lambda t: -lengths[t])  # not full LPT
+    store.close()
