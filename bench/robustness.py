@@ -15,11 +15,12 @@ Scale: `--scale f` shrinks the batch (samples x f) and the hardware with it (slo
 engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-token contexts), so a cell keeps the samples-per-slot and
 samples-per-KV ratios of the full-size regime. The run stops after --budget-s and summarises the
 cells that ran (a uniform sample: cells run in a fixed shuffled order; it says how many).
-`--no-history` runs the defaults without priors (a first run of the tasks). `--cells` reruns only
+`--no-history` runs the defaults without priors (a first run of the tasks); `--admission-order` runs
+them with another admission order (scheduling/core.py `admission_sequence`). `--cells` reruns only
 the cells whose name (`family/profile/xM/wN`, M the slot multiple, N the workers) matches one of
 its comma-separated shell patterns, e.g. `'widesearch_like/*/x4/w1'`.
 Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--cells PATTERNS] [--no-history]
-       [--jobs 2] [--budget-s 540]
+       [--admission-order ORDER] [--jobs 2] [--budget-s 540]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from itertools import product
 
 from agentbatch.dashboards.baselines import baselines, compare
 from agentbatch.planning import concurrency_for_profile
+from agentbatch.scheduling.defaults import ADMISSION_ORDERS, DEFAULTS
 from agentbatch.sim.profiles import EngineProfile, get_profile
 from agentbatch.sim.virtual_time import VirtualConfig, simulate
 from agentbatch.traces import FAMILIES, chain_priors, generate
@@ -55,6 +57,7 @@ class Cell:
     scale: float
     seed: int
     history: bool = True  # the defaults get priors (chain lengths of the same tasks in an earlier epoch)
+    admission_order: str = DEFAULTS.admission_order  # the defaults' admission order (--admission-order)
 
     @property
     def name(self) -> str:
@@ -97,7 +100,7 @@ def run_cell(cell: Cell) -> CellResult:
     priors = chain_priors(generate(cell.family, n, seed=cell.seed, epoch=0)) if cell.history else None
     n_ref = concurrency_for_profile(trace, profile, workers=cell.workers).n_ref
     default = VirtualConfig(workers=cell.workers, profile=profile, env_slots=slots, max_active=n_ref,
-                            per_worker_inflight=None, priors=priors)  # fmt: skip
+                            per_worker_inflight=None, priors=priors, admission_order=cell.admission_order)  # fmt: skip
     res = simulate(trace, default)
     scores = {round(res.summary.mean_score, 12)}
     best: dict[str, float] = {}
@@ -135,6 +138,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-history", action="store_true",
                     help="run the defaults without priors, as a first run of these tasks (default: priors from an "
                          "earlier epoch of the same tasks)")
+    ap.add_argument("--admission-order", choices=ADMISSION_ORDERS, default=DEFAULTS.admission_order,
+                    help="the defaults' admission order, to compare orders over the matrix (default "
+                         f"{DEFAULTS.admission_order}; the baselines admit in trace order)")
     ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="stop starting cells after this many seconds and summarise those that ran (default 540)")
@@ -148,7 +154,7 @@ def _cells(args: argparse.Namespace) -> list[Cell] | str:
     unknown = [f for f in families if f not in FAMILIES]
     if unknown or not 0 < args.scale <= 1:
         return f"--families must name {sorted(FAMILIES)} and --scale be in (0, 1]; got {unknown or args.scale}"
-    cells = [Cell(f, m, w, p, args.scale, args.seed, not args.no_history)
+    cells = [Cell(f, m, w, p, args.scale, args.seed, not args.no_history, args.admission_order)
              for f, p, m, w in product(families, PROFILES, SLOT_MULTS, WORKERS)]
     cells = _matching(cells, [p for p in args.cells.split(",") if p])
     if not cells:
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {cells}", file=sys.stderr)
         return 2
     print(f"# scale {args.scale}: samples, env slots and engine KV blocks / max_num_seqs / state slots x{args.scale}; "
-          f"{len(cells)} cells; budget {args.budget_s:.0f}s; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+          f"{len(cells)} cells; admission order {args.admission_order}; budget {args.budget_s:.0f}s; load average {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     print("# baselines per cell (in order): (a) coupled, best limit of {S/4,S/2,S}; (b) decoupled FIFO, all admitted; "
           "(c) coupled at slots (paper)", flush=True)  # fmt: skip
     t0 = time.perf_counter()
