@@ -73,7 +73,8 @@ class VirtualConfig:
     priority: PolicySpec = field(default_factory=_policy(DEFAULTS.priority))
     env_time_scale: float = 1.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
-    # "arrival" (trace order; "trace" is the same) or "longest_prior_first" (scheduling.core.admission_sequence)
+    # "arrival" (trace order; "trace" is the same), "longest_prior_first" or "longest_tail_first"
+    # (scheduling.core.admission_sequence)
     admission_order: str = DEFAULTS.admission_order
     # "engine": inference on the engine model; "recorded": each call takes its recorded duration_s
     # (no engine contention: for scheduling what-ifs and the live/virtual parity test)
