@@ -177,14 +177,12 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
 
 def env_slot_share(total: int, keeper: LeaseKeeper, coordinator: Coordinator) -> Callable[[list[str]], None]:
     """Keep this process at its share of the batch's environment slots as processes join and leave."""
-    current = [total]
 
     def apply(owners: list[str]) -> None:
         share = slot_share(total, owners, keeper.leases.owner)
-        if share != current[0]:
+        if share != coordinator.env_slots:
             log.info("batch %s: %d process(es) drive it; this one now runs up to %d of its %d environment "
                      "slots", keeper.batch_id, len(owners), share, total)
-            current[0] = share
             coordinator.set_env_slots(share)
 
     return apply

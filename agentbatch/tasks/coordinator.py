@@ -99,6 +99,11 @@ class Coordinator:
         when it grows; a lower limit takes effect as samples finish)."""
         self._deliver(self.core.set_admission_limit(limit, self.clock()))
 
+    @property
+    def env_slots(self) -> int:
+        """Environment actions that may run at once now."""
+        return self.core.environment.capacity
+
     def set_env_slots(self, slots: int) -> None:
         """Change the environment slots while the batch runs (waiting actions start at once when they
         grow; fewer take effect as running actions end)."""

@@ -158,6 +158,6 @@ async def run_sample_visible(batch: BatchContext, sample: Sample, progress: Samp
                                            outcome=quote(outcome))
         state = await _task_state(future)
         return await _settle(state, outcome, sample,
-                             lambda: run_sample(batch, sample, progress, _executor_for(None), admitted=True))
+                             lambda: run_sample(batch, sample, progress, direct_executor, admitted=True))
     finally:
         emitter.exit()

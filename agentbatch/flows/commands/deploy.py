@@ -98,14 +98,19 @@ def pick_server() -> str | None:
 
 def server_ready() -> str | None:
     """Wait for a local server that is starting, then check that the API answers."""
-    import httpx
-
     from agentbatch.flows.commands._launch import ready_prefect, start_prefect
 
     api = start_prefect()  # the same choice as pick_server: the server is up or starting by now
     if problem := ready_prefect(api, quiet=True):
         return problem
-    url = (api.url or "").rstrip("/")
+    return api_silent(api.url or "")
+
+
+def api_silent(url: str) -> str | None:
+    """None when the Prefect API at `url` answers its health check, else the problem."""
+    import httpx
+
+    url = url.rstrip("/")
     try:
         httpx.get(f"{url}/health", timeout=10).raise_for_status()
     except httpx.HTTPError as exc:

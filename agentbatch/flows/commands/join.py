@@ -120,9 +120,7 @@ def _run_here(args: argparse.Namespace, store: Any) -> int:
 def _server_problem() -> str | None:
     """A work pool lives on a running Prefect server: PREFECT_API_URL, or agentbatch's local server
     when it runs (never started here, never Prefect's temporary one: workers could not reach it)."""
-    import httpx
-
-    from agentbatch.flows.commands.deploy import SERVER_HINT
+    from agentbatch.flows.commands.deploy import SERVER_HINT, api_silent
     from agentbatch.flows.prefect_server import choose_api
 
     try:
@@ -131,12 +129,8 @@ def _server_problem() -> str | None:
         return str(exc)
     if api.url is None:
         return f"--work-pool: no Prefect server to register the workers on; {SERVER_HINT}"
-    url = api.url.rstrip("/")
-    try:
-        httpx.get(f"{url}/health", timeout=10).raise_for_status()
-    except httpx.HTTPError as exc:
-        return f"--work-pool: the Prefect server at {url} does not answer ({exc.__class__.__name__}); {SERVER_HINT}"
-    return None
+    problem = api_silent(api.url)
+    return f"--work-pool: {problem}" if problem else None
 
 
 def _deploy(args: argparse.Namespace, store: Any, batch_name: str, row_config: dict[str, Any]) -> int:
