@@ -2,9 +2,12 @@
 
 An asyncio task drives the model: it runs one iteration, sleeps its duration (times `time_scale`),
 resolves the futures of the requests that finished, and goes on while there is work. Requests that
-arrive during an iteration join the next one, as in a real engine. If the event loop runs late,
-the model's clock follows the wall clock, so a busy client slows the simulated engine the way it
-would slow a real one.
+arrive during an iteration join the next one, as in a real engine. While the engine has work its
+steps follow one another in model time: a sleep that wakes late (the event loop's timer rounds to
+whole milliseconds, a loaded host wakes later still) is made up by the next steps, which run without
+sleeping until the model is back on the wall clock, as a GPU's back-to-back steps would not have
+waited for it. Only a lag beyond MAX_BEHIND_S (the process starved) or an idle engine moves the
+model's clock to the wall clock.
 
 Config: {"kind": "simulated", "profile": "llama3-8b-h100", "time_scale": 1.0, "policy": "priority"}
 plus any profile field as an override (e.g. "num_kv_blocks": 2000). time_scale < 1 runs faster
@@ -24,6 +27,7 @@ from agentbatch.sim.model import EngineModel, RequestStats, SimRequest
 from agentbatch.sim.profiles import EngineProfile, get_profile
 
 MAX_AHEAD_S = 5e-4  # wall seconds the model may run ahead of real time instead of sleeping
+MAX_BEHIND_S = 0.05  # wall seconds the model may lag real time and still catch up (timer overshoot)
 
 
 class SimulatedTiming:
@@ -47,10 +51,17 @@ class SimulatedTiming:
         self._driver: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._seq = 0
+        self._clock: float | None = None  # model time the next step starts at, while the engine is busy
 
     def now(self) -> float:
         """Model time: wall seconds since start divided by time_scale."""
         return (time.monotonic() - self._t0) / self.time_scale
+
+    def arrival_time(self) -> float:
+        """Model time a request arriving now is stamped with: now, or the start of the next step
+        while the busy engine is catching up (it joins that step, so it cannot have come later)."""
+        now = self.now()
+        return now if self._clock is None else min(now, self._clock)
 
     # --- TimingModel -----------------------------------------------------------------------------
     async def run(
@@ -94,7 +105,7 @@ class SimulatedTiming:
             req.prompt = array("q", req.prompt)
         fut: asyncio.Future[RequestStats] = self._loop.create_future()
         self._futures[req.request_id] = fut
-        self.model.add_request(req, self.now())
+        self.model.add_request(req, self.arrival_time())
         self._wake.set()
         try:
             return await fut
@@ -123,17 +134,19 @@ class SimulatedTiming:
     async def _drive(self) -> None:
         assert self._wake is not None
         model = self.model
-        clock = 0.0  # model time at which the last step ended
+        clock = self.now()  # model time at which the last step ended (a new driver starts idle)
         while True:
             if not model.has_work():
+                self._clock = None
                 self._wake.clear()
                 await self._wake.wait()
+                clock = max(clock, self.now())  # it sat idle: the next step starts on the wall clock
                 continue
-            # The next step starts when the last one ended, or now if the loop ran late (then the
-            # engine sat idle meanwhile, as a real one would).
-            start = max(self.now(), clock)
+            # Busy: the next step starts when the last one ended, unless the loop is so late that the
+            # process was starved (then the engine waited as well).
+            start = max(clock, self.now() - MAX_BEHIND_S / self.time_scale)
             result = model.run_iteration(start)
-            clock = start + result.duration
+            clock = self._clock = start + result.duration
             delay = (clock - self.now()) * self.time_scale
             # Sleeping less than the loop's own overhead would stretch fast-forwarded runs
             # (time_scale << 1): let the model run up to MAX_AHEAD_S ahead of the wall clock instead.
