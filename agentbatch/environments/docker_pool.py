@@ -42,6 +42,19 @@ OWNER_LABEL = "agentbatch.owner"
 BATCH_LABEL = "agentbatch.batch"
 SAMPLE_LABEL = "agentbatch.sample"
 TIMEOUT_EXIT = 124  # coreutils/busybox `timeout` exit status
+KILLED_EXITS = (None, -1, 137, 143)  # killed: by `timeout -k`, or with the container
+
+
+@dataclass(frozen=True)
+class _ExecOutcome:
+    """What the engine reports of one exec. `started` is false when the runtime never started its
+    process (exec Pid 0: e.g. the container was being killed, or an unknown user); the engine then
+    reports exit status 126, which must not reach the model as the command's own."""
+
+    exit_code: int | None
+    out: bytes
+    err: bytes
+    started: bool
 
 T = TypeVar("T")
 
@@ -352,7 +365,7 @@ class DockerPool:
         async with self.execs.slot():
             started = time.monotonic()
             try:
-                exit_code, out, err = await asyncio.wait_for(
+                outcome = await asyncio.wait_for(
                     self._call(self._exec_blocking, sandbox, argv, workdir, user),
                     timeout=timeout_s + 15.0,
                 )
@@ -364,7 +377,12 @@ class DockerPool:
                 await self._check_alive(sandbox, f"running {command!r}", exc)
                 raise EnvironmentFailure(f"sandbox {sandbox.name}: exec failed: {exc}") from exc
             duration = time.monotonic() - started
-        if exit_code is None or exit_code in (137, 143, -1):  # killed: by `timeout -k`, or with the container
+        exit_code, out, err = outcome.exit_code, outcome.out, outcome.err
+        if not outcome.started:
+            await self._check_alive(sandbox, f"starting {command!r}")
+            raise EnvironmentFailure(f"sandbox {sandbox.name}: the engine could not start {command!r} "
+                                     f"(exit status {exit_code}) {(out + err).decode(errors='replace').strip()[:300]}")
+        if exit_code in KILLED_EXITS:
             # The engine may report the exec's end a moment before the container's: look a few times.
             for _ in range(5):
                 await self._check_alive(sandbox, f"running {command!r}")
@@ -380,12 +398,15 @@ class DockerPool:
             truncated=truncated,
         )
 
-    def _exec_blocking(self, sandbox: Sandbox, argv: list[str], workdir: str | None, user: str | None):
-        res = sandbox.container.exec_run(
-            argv, demux=True, workdir=workdir or self.settings.workdir, user=user or self.settings.user
-        )
-        out, err = res.output if res.output is not None else (None, None)
-        return res.exit_code, out or b"", err or b""
+    def _exec_blocking(self, sandbox: Sandbox, argv: list[str], workdir: str | None, user: str | None) -> _ExecOutcome:
+        # The low-level calls of `exec_run`, keeping the exec's inspection (its Pid says if it started).
+        api = sandbox.host.client.api
+        exec_id = api.exec_create(
+            sandbox.id, argv, workdir=workdir or self.settings.workdir, user=user or self.settings.user
+        )["Id"]
+        out, err = api.exec_start(exec_id, demux=True) or (None, None)
+        info = api.exec_inspect(exec_id)
+        return _ExecOutcome(info.get("ExitCode"), out or b"", err or b"", bool(info.get("Pid")))
 
     async def put_files(self, sandbox: Sandbox, files: Mapping[str, str | bytes], dest: str | None = None) -> None:
         """Write files (relative path -> content) under `dest` (default: the work dir), owned by the user."""
@@ -416,13 +437,13 @@ class DockerPool:
         parts = [encoded[i : i + chunk] for i in range(0, len(encoded), chunk)] or [""]
         for part in parts:
             cmd = f"printf %s {shlex.quote(part)} >> {target}"
-            code, _, err = await self._call(self._exec_blocking, sandbox, [*self.settings.shell, cmd], "/", None)
-            if code != 0:
-                raise EnvironmentFailure(f"sandbox {sandbox.name}: writing files failed: {err!r}")
+            res = await self._call(self._exec_blocking, sandbox, [*self.settings.shell, cmd], "/", None)
+            if res.exit_code != 0:
+                raise EnvironmentFailure(f"sandbox {sandbox.name}: writing files failed: {res.err!r}")
         cmd = f"mkdir -p {shlex.quote(dest)} && base64 -d {target} | tar -x -C {shlex.quote(dest)} && rm -f {target}"
-        code, _, err = await self._call(self._exec_blocking, sandbox, [*self.settings.shell, cmd], "/", None)
-        if code != 0:
-            raise EnvironmentFailure(f"sandbox {sandbox.name}: unpacking files failed: {err!r}")
+        res = await self._call(self._exec_blocking, sandbox, [*self.settings.shell, cmd], "/", None)
+        if res.exit_code != 0:
+            raise EnvironmentFailure(f"sandbox {sandbox.name}: unpacking files failed: {res.err!r}")
 
     async def read_file(self, sandbox: Sandbox, path: str) -> bytes:
         """The content of one file in the sandbox."""

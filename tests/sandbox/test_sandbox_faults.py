@@ -166,3 +166,27 @@ def test_failed_batch_leaves_no_container(docker_client, batch_label: str) -> No
     with pytest.raises(RuntimeError, match="crashes"):
         asyncio.run(main())
     assert list_labelled(docker_client, batch_label) == []
+
+
+def test_exec_the_runtime_cannot_start_is_a_failure_not_an_observation(batch_label: str) -> None:
+    """Exit status 126 with "OCI runtime exec failed" (what an exec racing a container kill gets, and
+    an exec as an unknown user) means the command never ran: a failure, never a tool result; a
+    command's own 126 (not executable) stays an observation."""
+
+    async def main():
+        wl = workload(batch_label)
+        task = wl.tasks()[0]
+        env = wl.create(task)
+        try:
+            await env.reset(task)
+            own = await env.pool.exec(env.sandbox, "printf 'echo hi' > s.sh && ./s.sh")
+            with pytest.raises(EnvironmentFailure, match="could not start") as caught:
+                await env.pool.exec(env.sandbox, "true", user="no-such-user")
+            return own, caught.value
+        finally:
+            await env.close()
+            await wl.aclose()
+
+    own, failure = asyncio.run(main())
+    assert own.exit_code == 126 and "Permission denied" in own.stderr
+    assert "no-such-user" in str(failure)
