@@ -8,6 +8,18 @@ workers, with engine speed and tool durations slowed by one time scale (so a liv
 --target-s). Prints both makespans per clock (live divided by the scale) and whether the ordering
 matches (a ratio within 3 % of 1 counts as a tie). Helpers (serve-sim, health, ports) are bench/live_vs_virtual.py's.
 
+The live runner spends time of its own on every step (the HTTP round trip and tokenizing of a
+request, the store's commit, the gap until the sample's next step is queued): some milliseconds,
+which a time scale that compresses steps 10-20x turns into a tenth of a virtual second or more, on
+the critical path of every coupled chain. The bench measures it in the live runs (per step: service
+time beyond what the engine reports or the recorded duration, plus the gap to the next step; one
+mean over all steps of both runs, the same for both policies) and replays virtual time again with it
+(`VirtualConfig.step_latency_s`); the verdict compares live with that prediction, and the line
+also gives the prediction without it. A small batch's schedule can tip on a step's timing (which
+chain the environment queue favours early decides when the longest one ends), so the prediction is
+an ensemble: the measured latency x0.8/1/1.2 and environment durations x0.995/1/1.005, paired for
+both policies; the verdict uses its median ratio and says whether every member agrees.
+
 Usage: .venv/bin/python bench/live_ordering.py [--families mcp_like,swe_like] [--samples 16]
        [--target-s 40] [--env-slots 4] [--max-active 12]
 """
@@ -15,11 +27,15 @@ Usage: .venv/bin/python bench/live_ordering.py [--families mcp_like,swe_like] [-
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import live_vs_virtual as lvv  # noqa: E402
@@ -53,7 +69,14 @@ def argv_for(trace: Path, flags: list[str], urls: list[str], scale: float, profi
     return argv
 
 
-def virtual_makespan(argv: list[str], profile: str) -> float:
+@dataclass
+class LiveRun:
+    makespan_s: float  # engine seconds (wall divided by the scale)
+    overhead_wall_s: float  # summed over steps: the runner's own time (see step_overhead)
+    steps: int
+
+
+def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0, env_time_scale: float = 1.0) -> float:
     from agentbatch.flows.cli import build_parser
     from agentbatch.flows.commands.replay import POLICY_KINDS, _params
     from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
@@ -64,11 +87,11 @@ def virtual_makespan(argv: list[str], profile: str) -> float:
     cfg = VirtualConfig(workers=len(a.endpoint), profile=profile, max_active=a.max_active, env_slots=a.env_slots,
                         per_worker_inflight=a.per_worker_inflight, coupled=a.coupled,
                         admission_order=a.admission_order, admission_control=a.admission_control, priors={},
-                        **{k: PolicySpec(getattr(a, k), params[k]) for k in POLICY_KINDS})  # fmt: skip
+                        step_latency_s=step_latency_s, env_time_scale=env_time_scale, **{k: PolicySpec(getattr(a, k), params[k]) for k in POLICY_KINDS})  # fmt: skip
     return simulate(read_trace(Path(a.trace)), cfg).summary.makespan_s
 
 
-def live_makespan(argv_at: object, profile: str, scale: float, db: str) -> float:
+def live_makespan(argv_at: object, profile: str, scale: float, db: str, recorded: dict[tuple[int, int], float]) -> LiveRun:
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import run_batch
     from agentbatch.flows.cli import build_parser
@@ -85,6 +108,7 @@ def live_makespan(argv_at: object, profile: str, scale: float, db: str) -> float
         try:
             batch_id = run_batch(live_batch_config(a, _params(a)), store, show_progress=False)
             samples = store.samples(batch_id)
+            steps = [s for s in store.steps(batch_id) if s.status == "completed"]
         finally:
             store.close()
     finally:
@@ -94,7 +118,34 @@ def live_makespan(argv_at: object, profile: str, scale: float, db: str) -> float
             p.wait(timeout=30)
     if any(s.status != "completed" for s in samples):
         raise RuntimeError("live replay: not every sample completed")
-    return (max(s.finished_at for s in samples) - min(s.admitted_at for s in samples)) / scale
+    span = max(s.finished_at for s in samples) - min(s.admitted_at for s in samples)
+    index = {s.id: s.index for s in samples}
+    return LiveRun(span / scale, step_overhead(steps, index, recorded, scale), len(steps))
+
+
+def step_overhead(steps: list[Any], index: dict[int, int], recorded: dict[tuple[int, int], float],
+                  scale: float) -> float:
+    """The live runner's own wall time, summed over completed steps: an inference step's service beyond
+    the engine's own time (its queue, prefill and decode, as it reports them), an environment step's
+    beyond its recorded duration (times the scale), and each gap from a step's end to its sample's
+    next step being queued. Policy-independent: no waiting for a slot is in it."""
+    total = 0.0
+    last: dict[int, Any] = {}
+    for s in sorted(steps, key=lambda s: (s.sample_id, s.index)):
+        service = s.finished_at - s.started_at
+        if s.kind == "inference":
+            own = (s.engine_queue_s or 0.0) + (s.prefill_s or 0.0) + (s.decode_s or 0.0)
+        else:
+            own = recorded[(index[s.sample_id], s.index)] * scale
+        total += service - own
+        prev = last.get(s.sample_id)
+        if prev is not None:
+            total += s.enqueued_at - prev.finished_at
+        last[s.sample_id] = s
+    return total
+
+
+PROBE = ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"]  # endpoints only count workers in virtual time
 
 
 def family_check(family: str, args: argparse.Namespace, tmp: Path) -> bool:
@@ -102,24 +153,56 @@ def family_check(family: str, args: argparse.Namespace, tmp: Path) -> bool:
 
     profile = FAMILIES[family].capacities["profile"]
     path = tmp / f"{family}.parquet"
-    write_trace(generate(family, args.samples, seed=args.seed), path)
-    probe = ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"]
+    trace = generate(family, args.samples, seed=args.seed)
+    write_trace(trace, path)
+    recorded = {(s.index, st.index): st.duration_s or 0.0 for s in trace.samples for st in s.steps}
     flags = configs(args)
-    virt = {name: virtual_makespan(argv_for(path, f, probe, 1.0, profile), profile) for name, f in flags.items()}
+
+    def argv(name: str, urls: list[str], scale: float) -> list[str]:
+        return argv_for(path, flags[name], urls, scale, profile)
+
+    virt = {name: virtual_makespan(argv(name, PROBE, 1.0), profile) for name in flags}
     best = min((n for n in virt if n != "defaults"), key=lambda n: virt[n])
     scale = args.target_s / max(virt["defaults"], 1e-9)
-    live = {}
+    live: dict[str, LiveRun] = {}
     for name in ("defaults", best):
         t0 = time.perf_counter()
-        live[name] = live_makespan(lambda urls, f=flags[name]: argv_for(path, f, urls, scale, profile), profile, scale,
-                                   f"sqlite:///{tmp / (family + str(len(live)) + '.sqlite')}")  # fmt: skip
-        print(f"  {family} {name:36s} live {live[name]:8.1f}s  virtual {virt[name]:8.1f}s  "
-              f"live/virtual {live[name] / virt[name]:.3f}  ({time.perf_counter() - t0:.0f}s wall)", flush=True)
-    v, l_ = virt["defaults"] / virt[best], live["defaults"] / live[best]
-    match = _verdict(v) == _verdict(l_) or _verdict(v) == "tie"  # a predicted tie confirms nothing either way
+        live[name] = live_makespan(lambda urls, n=name: argv(n, urls, scale), profile, scale,
+                                   f"sqlite:///{tmp / (family + str(len(live)) + '.sqlite')}", recorded)  # fmt: skip
+        run = live[name]
+        print(f"  {family} {name:36s} live {run.makespan_s:8.1f}s  (runner {run.overhead_wall_s / run.steps * 1e3:.1f} "
+              f"ms/step; {time.perf_counter() - t0:.0f}s wall, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+    # one latency for both policies: the runner's own time per step, pooled over both live runs
+    wall = sum(r.overhead_wall_s for r in live.values()) / sum(r.steps for r in live.values())
+    ens = {name: [virtual_makespan(argv(name, PROBE, 1.0), profile, wall / scale * k, e) for k, e in PERTURB]
+           for name in live}  # fmt: skip
+    for name, run in live.items():
+        at = statistics.median(ens[name])
+        print(f"  {family} {name:36s} virtual {virt[name]:8.1f}s (live/virtual {run.makespan_s / virt[name]:.3f}); "
+              f"with the step latency {at:8.1f}s [{min(ens[name]):.1f}-{max(ens[name]):.1f}] "
+              f"(live/virtual {run.makespan_s / at:.3f})")  # fmt: skip
+    ratios = [d / b for d, b in zip(ens["defaults"], ens[best], strict=True)]
+    return _report(family, args, scale, best, wall, ratios, {
+        "plain": virt["defaults"] / virt[best], "live": live["defaults"].makespan_s / live[best].makespan_s})  # fmt: skip
+
+
+PERTURB = list(itertools.product((0.8, 1.0, 1.2), (0.995, 1.0, 1.005)))  # (x step latency, x environment durations)
+
+
+def _report(family: str, args: argparse.Namespace, scale: float, best: str, wall: float, ensemble: list[float],
+            ratio: dict[str, float]) -> bool:
+    """The family's verdict line: the ensemble's median prediction with the measured step latency
+    against live."""
+    med = statistics.median(ensemble)
+    v, l_ = _verdict(med), _verdict(ratio["live"])
+    agree = "all members agree" if len({_verdict(r) for r in ensemble}) == 1 else "members disagree"
+    match = v == l_ or v == "tie"  # a predicted tie confirms nothing either way
     print(f"## {family}: {args.samples} samples, time scale {scale:.4f}; best baseline in virtual time: {best}; "
-          f"defaults/best virtual {v:.3f} ({_verdict(v)}), live {l_:.3f} ({_verdict(l_)}); ordering matches: "
-          f"{match if _verdict(v) != 'tie' else 'n/a (tie predicted)'}; load {os.getloadavg()[0]:.1f}", flush=True)
+          f"step latency measured live {wall * 1e3:.1f} ms = {wall / scale:.3f} s virtual; defaults/best "
+          f"virtual {ratio['plain']:.3f} ({_verdict(ratio['plain'])}), with the step latency {med:.3f} "
+          f"[{min(ensemble):.3f}-{max(ensemble):.3f}, {agree}] ({v}), live {ratio['live']:.3f} ({l_}); "
+          f"ordering matches: {match if v != 'tie' else 'n/a (tie predicted)'}; load {os.getloadavg()[0]:.1f}",
+          flush=True)  # fmt: skip
     return match
 
 

@@ -72,8 +72,9 @@ class VirtualConfig:
     inference_queue: PolicySpec = field(default_factory=_policy(DEFAULTS.inference_queue))
     priority: PolicySpec = field(default_factory=_policy(DEFAULTS.priority))
     env_time_scale: float = 1.0
-    # the live runner's own time per step, seconds (transport, tokenizing, the store's commit): added
-    # to every step, held with its slot; measured by bench/live_ordering.py (0: steps cost nothing more)
+    # the live runner's own time per step, seconds (transport, tokenizing, the store's commit): a sample
+    # goes on this long after each step ends, its slot already free (coupled: its environment slot stays
+    # held); measured by bench/live_ordering.py (0: steps cost nothing more)
     step_latency_s: float = 0.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
     # "arrival" (trace order; "trace" is the same), "longest_prior_first" or "longest_tail_first"
@@ -275,10 +276,9 @@ class VirtualBatch:
         run = _Running(s, g.ticket, g.slot, now)
         st = s.trace.steps[s.pos]
         if g.resource == ENVIRONMENT:
-            self._push(now + (st.duration_s or 0.0) * self.cfg.env_time_scale + self.cfg.step_latency_s, _END,
-                       "step_end", run)  # fmt: skip
+            self._push(now + (st.duration_s or 0.0) * self.cfg.env_time_scale, _END, "step_end", run)
         elif self.cfg.inference == "recorded":
-            self._push(now + (st.duration_s or 0.0) + self.cfg.step_latency_s, _END, "step_end", run)
+            self._push(now + (st.duration_s or 0.0), _END, "step_end", run)
         else:
             self._add_request(run, self._index[g.resource], now)
 
@@ -317,7 +317,7 @@ class VirtualBatch:
                                 run.ticket.worker, st.prompt_tokens, st.cached_prompt_tokens or 0, 0,
                                 st.output_tokens, None, None, 0.0, 0))  # fmt: skip
             self._ctx.extend(s.ctx, int(st.output_tokens or 0))
-            self._advance(self._completed(run, now), now)
+            self._next(self._completed(run, now), now)
             return
         self._steps.append((s.trace.index, st.index, ENV_KIND, run.ticket.enqueued_at, run.started, now, run.slot,
                             None, None, None, None, None, None, None, None))  # fmt: skip
@@ -326,7 +326,14 @@ class VirtualBatch:
         self._completed(run, now)
         if st.done:
             s.pos = len(s.trace.steps)
-        self._advance(s, now)
+        self._next(s, now)
+
+    def _next(self, s: _Sample, now: float) -> None:
+        """A step ended (its slot is free): the sample goes on after the runner's own step latency."""
+        if self.cfg.step_latency_s > 0:
+            self._push(now + self.cfg.step_latency_s, _END, "advance", s)
+        else:
+            self._advance(s, now)
 
     # --- inference on the engine model ---------------------------------------------------------
     def _add_request(self, run: _Running, w: int, now: float) -> None:
@@ -356,23 +363,17 @@ class VirtualBatch:
     def _iter_end(self, w: int, res: Any, now: float) -> None:
         for stats in res.finished:
             run = self._requests.pop(stats.request_id)
-            if self.cfg.step_latency_s > 0:  # the answer reaches the sample later; the engine goes on
-                self._push(now + self.cfg.step_latency_s, _END, "inference_end", (run, stats, w))
-            else:
-                self._inference_end(run, stats, w, now)
+            s = run.sample
+            st = s.trace.steps[s.pos]
+            self._steps.append((
+                s.trace.index, st.index, INFERENCE, run.ticket.enqueued_at, run.started, now, self.names[w],
+                stats.prompt_tokens, stats.cached_prompt_tokens, stats.recomputed_tokens, stats.output_tokens,
+                stats.prefill_s, stats.decode_s, stats.queue_s, stats.preemptions,
+            ))  # fmt: skip
+            self._ctx.extend(s.ctx, stats.output_tokens)
+            self._next(self._completed(run, now), now)
         # Start the next iteration after every other event of this instant (phase order).
         self._push(now, _ITER_START, "iter_start", w)
-
-    def _inference_end(self, run: _Running, stats: Any, w: int, now: float) -> None:
-        s = run.sample
-        st = s.trace.steps[s.pos]
-        self._steps.append((
-            s.trace.index, st.index, INFERENCE, run.ticket.enqueued_at, run.started, now, self.names[w],
-            stats.prompt_tokens, stats.cached_prompt_tokens, stats.recomputed_tokens, stats.output_tokens,
-            stats.prefill_s, stats.decode_s, stats.queue_s, stats.preemptions,
-        ))  # fmt: skip
-        self._ctx.extend(s.ctx, stats.output_tokens)
-        self._advance(self._completed(run, now), now)
 
     # --- main loop -----------------------------------------------------------------------------
     def _admit_all(self) -> None:
@@ -389,7 +390,7 @@ class VirtualBatch:
         heap = self._heap
         handlers: dict[str, Callable[[Any, float], None]] = {
             "iter_start": self._iter_start, "iter_end": lambda a, t: self._iter_end(a[0], a[1], t),
-            "step_end": self._step_end, "inference_end": lambda a, t: self._inference_end(*a, t),
+            "step_end": self._step_end, "advance": self._advance,
         }  # fmt: skip
         while heap:
             now, _, _, kind, arg = heapq.heappop(heap)
