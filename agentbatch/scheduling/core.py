@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentbatch.scheduling.admission_control import AdmissionController, AdmissionSignals, EngineCounters
+from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequence  # noqa: F401  (drivers import them here)
 from agentbatch.scheduling.policies import AdmissionLimits, FifoQueue, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
 
@@ -314,29 +315,3 @@ class SchedulingCore:
             t = grant.ticket
             self.log.append(GrantRecord(grant.resource, t.sample.sample_id, t.step_index, now))
         return grant
-
-
-LONG_TAIL_SHARE = 0.1  # "longest_tail_first": the share of samples (with a prior) admitted first
-
-
-def admission_sequence(samples: Sequence[SampleProgress], order: str) -> list[SampleProgress]:
-    """The order samples queue for admission (both clocks). "arrival": as given.
-    "longest_prior_first": longest expected chain first (LPT, `prior_chain_steps` from earlier
-    batches or a priors trace), samples without a prior after, each group in the given order.
-    "longest_tail_first": only the longest tenth (LONG_TAIL_SHARE, at least one) of the samples with
-    a prior first, longest first, then the rest as given. It starts the chains that would otherwise
-    end the batch early without co-admitting all long chains, whose contexts on a KV-bound engine
-    evict each other (docs/ablation.md)."""
-    if order in ("arrival", "trace"):
-        return list(samples)
-    if order not in ("longest_prior_first", "longest_tail_first"):
-        raise ValueError("admission_order must be 'arrival', 'longest_prior_first' or 'longest_tail_first', "
-                         f"got {order!r}")
-    ranked = [s for _, s in sorted(enumerate(samples), key=lambda e: (e[1].prior_chain_steps is None,
-                                                                      -(e[1].prior_chain_steps or 0.0), e[0]))]
-    if order == "longest_prior_first":
-        return ranked
-    known = sum(s.prior_chain_steps is not None for s in samples)
-    head = ranked[:max(1, round(known * LONG_TAIL_SHARE))] if known else []
-    first = {id(s) for s in head}
-    return head + [s for s in samples if id(s) not in first]

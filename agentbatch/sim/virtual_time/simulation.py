@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentbatch.scheduling.admission_control import EngineCounters, counters_from_metrics
-from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord, admission_sequence
+from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequence
+from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord
 from agentbatch.scheduling.defaults import DEFAULTS
 from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority
 from agentbatch.scheduling.registry import PolicyChoice, build_core
@@ -77,8 +78,10 @@ class VirtualConfig:
     # held); measured by bench/live_ordering.py (0: steps cost nothing more)
     step_latency_s: float = 0.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
-    # "arrival" (trace order; "trace" is the same), "longest_prior_first" or "longest_tail_first"
-    # (scheduling.core.admission_sequence)
+    # task id -> expected own context tokens over the chain (`context_priors`; the "kv_balanced" order)
+    context_priors: dict[str, float] | None = None
+    # "arrival" (trace order; "trace" is the same), "longest_prior_first", "longest_tail_first" or
+    # "kv_balanced" (scheduling/admission_order.py)
     admission_order: str = DEFAULTS.admission_order
     # "engine": inference on the engine model; "recorded": each call takes its recorded duration_s
     # (no engine contention: for scheduling what-ifs and the live/virtual parity test)
@@ -107,6 +110,20 @@ class VirtualEngine(Protocol):
     def run_iteration(self, now: float) -> Any: ...
     def metrics(self) -> dict[str, float]: ...
     def forget_sample(self, sample_id: int) -> None: ...
+
+
+def context_priors(*traces: Trace) -> dict[str, float]:
+    """Mean own context tokens per task id over earlier traces: the mean prompt of a sample's
+    inference steps less the prefix it shares with its group (cached once for the group), as the
+    resource model prices a sample's KV (planning/reference.py)."""
+    acc: dict[str, list[float]] = {}
+    for trace in traces:
+        for s in trace.samples:
+            prompts = [st.prompt_tokens or 0 for st in s.steps if st.kind == INFERENCE]
+            if prompts:
+                own = sum(prompts) / len(prompts) - (s.shared_prefix_tokens or 0)
+                acc.setdefault(s.task_id, []).append(max(0.0, own))
+    return {task: sum(v) / len(v) for task, v in acc.items()}
 
 
 class _Sample:
@@ -240,7 +257,15 @@ class VirtualBatch:
                                    prior_chain_steps=priors.get(s.task_id)) for s in trace.samples]  # fmt: skip
         by_id = {p.sample_id: _Sample(s, p) for s, p in zip(trace.samples, progress, strict=True)}
         self._all = list(by_id.values())
-        self._order = [by_id[p.sample_id] for p in admission_sequence(progress, config.admission_order)]
+        self._order = [by_id[p.sample_id] for p in admission_sequence(progress, config.admission_order, self._hints())]
+
+    def _hints(self) -> AdmissionHints | None:
+        """What the "kv_balanced" order needs: the context priors, the admission limit it starts at
+        and the KV capacity of all workers (as the live flow gets them from history and the plan)."""
+        if self.cfg.context_priors is None:
+            return None
+        kv = self.profile.kv_capacity_tokens * self.cfg.workers
+        return AdmissionHints(self.cfg.context_priors, self.limits.max_active_samples, kv)
 
     def _kv_loads(self, loads: list[WorkerLoad]) -> list[WorkerLoad]:
         for load in loads:
