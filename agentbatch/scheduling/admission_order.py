@@ -8,17 +8,19 @@ and the virtual-time driver (sim/virtual_time/simulation.py) both call `admissio
   a prior after, each group in the given order.
 - "longest_tail_first": only the longest tenth (LONG_TAIL_SHARE, at least one) of the samples with
   a prior first, longest first, then the rest as given.
-- "kv_balanced": LPT within a KV budget (`kv_balanced_sequence`): the longest chains still start
-  first, but the expected context tokens of the samples admitted at once stay within the engines'
-  KV capacity, so long-context chains are interleaved with short ones instead of co-admitted,
-  where they would evict each other's prefixes (docs/ablation.md).
+- "kv_balanced": LPT within the engines' KV capacity (`kv_balanced_sequence`): the longest chains
+  still start first, but a chain whose growing context would, beside those admitted with it,
+  overflow the KV cache before it ends waits for a later place; shorter or smaller chains take the
+  places between. LPT alone co-admits the longest chains, whose contexts grow together and peak
+  together on a KV-bound engine, evicting each other's prefixes (docs/ablation.md).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from agentbatch.scheduling.types import SampleProgress
 
@@ -30,8 +32,8 @@ ADMISSION_ORDER_NAMES = ("arrival", "longest_prior_first", "longest_tail_first",
 class AdmissionHints:
     """What a KV-aware order knows beyond the chain-length priors.
 
-    `context_tokens`: task id -> expected context tokens the sample holds in the KV cache, averaged
-    over its chain (its own tokens, not a prefix shared with other samples), from earlier runs.
+    `context_tokens`: task id -> the context the sample is expected to reach (tokens of its largest
+    prompt, less a prefix shared with other samples), from earlier runs of the task.
     `admitted`: samples admitted at once at the start (the admission limit).
     `kv_tokens`: the engines' KV capacity in tokens, all workers together."""
 
@@ -70,39 +72,82 @@ def longest_tail_first(samples: Sequence[SampleProgress]) -> list[SampleProgress
 
 
 def kv_balanced_sequence(samples: Sequence[SampleProgress], hints: AdmissionHints) -> list[SampleProgress]:
-    """LPT list scheduling under a KV budget, on the priors alone.
+    """LPT list scheduling within the KV capacity, played forward on the priors alone.
 
-    It plays the batch forward on the priors: `hints.admitted` samples run at once, each for its
-    expected chain steps; whenever one ends the next place in the order goes to the longest waiting
-    chain whose expected context fits in what the running ones leave of `hints.kv_tokens`, or, when
-    none fits, to the one with the smallest context. Where everything fits this is LPT. Samples
-    without a chain prior or a context prior come after, in the given order."""
-    known = [s for s in longest_prior_first(samples)
-             if s.prior_chain_steps is not None and s.task_id in hints.context_tokens]
-    chosen = {id(s) for s in known}
-    tail = [s for s in samples if id(s) not in chosen]
+    `hints.admitted` samples run at once, each for its expected chain steps, its context growing
+    linearly to its expected peak at its end. Whenever one ends, the next place in the order goes to
+    the longest waiting chain whose context fits beside the running ones' at every instant until
+    it ends (`hints.kv_tokens`), or, when none fits, to the one with the smallest context. Where
+    everything fits this is LPT. Samples without a chain prior or a context prior come after, in the
+    given order."""
+    known, tail = _split_known(samples, hints.context_tokens)
+    steps = np.array([float(s.prior_chain_steps or 0.0) for s in known])
+    peaks = np.array([float(hints.context_tokens[s.task_id]) for s in known])
+    waiting = np.ones(len(known), dtype=bool)
+    plan = _KvPlan(hints.kv_tokens)
     out: list[SampleProgress] = []
-    running: list[tuple[float, int, float]] = []  # (expected end, place, context tokens)
-    used, now = 0.0, 0.0
-    width = max(1, hints.admitted)
-    while known:
-        if len(running) >= width:
-            now, _, freed = heapq.heappop(running)
-            used -= freed
-        pick = _fitting(known, hints, hints.kv_tokens - used)
-        s = known.pop(pick)
-        ctx = hints.context_tokens[s.task_id]
-        heapq.heappush(running, (now + float(s.prior_chain_steps or 0.0), len(out), ctx))
-        used += ctx
-        out.append(s)
+    for _ in range(len(known)):
+        if len(plan.ends) >= max(1, hints.admitted):
+            plan.end_first()
+        pick = plan.first_fitting(steps, peaks, waiting)
+        waiting[pick] = False
+        plan.add(steps[pick], peaks[pick])
+        out.append(known[pick])
     return out + tail
 
 
-def _fitting(ranked: list[SampleProgress], hints: AdmissionHints, room: float) -> int:
-    """Index of the longest chain (ranked longest first) whose context fits in `room`, else of the
-    smallest context (the longest among equals)."""
-    ctx = hints.context_tokens
-    for i, s in enumerate(ranked):
-        if ctx[s.task_id] <= room:
-            return i
-    return min(range(len(ranked)), key=lambda i: (ctx[ranked[i].task_id], i))
+def _split_known(samples: Sequence[SampleProgress], context: Mapping[str, float],
+                 ) -> tuple[list[SampleProgress], list[SampleProgress]]:
+    """The samples with both priors, longest chain first, and the others as given."""
+    known = [s for s in longest_prior_first(samples) if s.prior_chain_steps is not None and s.task_id in context]
+    chosen = {id(s) for s in known}
+    return known, [s for s in samples if id(s) not in chosen]
+
+
+def _ramps_at(starts: np.ndarray, ends: np.ndarray, peaks: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Context of ramps (rows of t: instants; columns: ramps) growing from nothing at their start
+    to their peak at their end, nothing outside."""
+    span = ends - starts
+    live = (t >= starts) & (t <= ends) & (span > 0)
+    return np.where(live, peaks * (t - starts) / np.where(span > 0, span, 1.0), 0.0)
+
+
+class _KvPlan:
+    """The running samples of `kv_balanced_sequence`, each a ramp from `starts` to `ends` (steps)
+    up to `peaks` tokens, and `totals`: all running contexts at each one's end (a sum of rising
+    ramps that drop at their ends peaks just before some end)."""
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self.now = 0.0
+        self.starts = self.ends = self.peaks = self.totals = np.zeros(0)
+
+    def first_fitting(self, steps: np.ndarray, peaks: np.ndarray, waiting: np.ndarray) -> int:
+        """The first waiting sample (longest chain) that fits, else the waiting one with the
+        smallest context."""
+        idx = np.flatnonzero(waiting)
+        for chunk in (idx[:32], idx[32:]):  # the longest usually fit: try them before all the rest
+            if chunk.size and (ok := self._fits(steps[chunk], peaks[chunk])).any():
+                return int(chunk[np.argmax(ok)])
+        return int(idx[np.argmin(peaks[idx])])
+
+    def _fits(self, steps: np.ndarray, peaks: np.ndarray) -> np.ndarray:
+        ends = (self.now + steps)[:, None]
+        own_end = _ramps_at(self.starts, self.ends, self.peaks, ends).sum(axis=1) + peaks
+        own = _ramps_at(np.full_like(ends, self.now), ends, peaks[:, None], self.ends[None, :])
+        return (own_end <= self.budget) & (self.totals + own <= self.budget).all(axis=1)
+
+    def add(self, steps: float, peak: float) -> None:
+        start, end = self.now, self.now + steps
+        self.totals = self.totals + _ramps_at(np.array(start), np.array(end), np.array(peak), self.ends)
+        self.starts, self.ends = np.append(self.starts, start), np.append(self.ends, end)
+        self.peaks = np.append(self.peaks, peak)
+        self.totals = np.append(self.totals, _ramps_at(self.starts, self.ends, self.peaks, np.array(end)).sum())
+
+    def end_first(self) -> None:
+        k = int(np.argmin(self.ends))
+        done = (self.starts[k], self.ends[k], self.peaks[k])
+        self.starts, self.ends, self.peaks, self.totals = (np.delete(a, k) for a in
+                                                           (self.starts, self.ends, self.peaks, self.totals))
+        self.now = float(done[1])
+        self.totals = self.totals - _ramps_at(*(np.array(x) for x in done), self.ends)

@@ -78,7 +78,7 @@ class VirtualConfig:
     # held); measured by bench/live_ordering.py (0: steps cost nothing more)
     step_latency_s: float = 0.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
-    # task id -> expected own context tokens over the chain (`context_priors`; the "kv_balanced" order)
+    # task id -> the context a task's chain reaches (`context_priors`; the "kv_balanced" admission order)
     context_priors: dict[str, float] | None = None
     # "arrival" (trace order; "trace" is the same), "longest_prior_first", "longest_tail_first" or
     # "kv_balanced" (scheduling/admission_order.py)
@@ -113,16 +113,15 @@ class VirtualEngine(Protocol):
 
 
 def context_priors(*traces: Trace) -> dict[str, float]:
-    """Mean own context tokens per task id over earlier traces: the mean prompt of a sample's
-    inference steps less the prefix it shares with its group (cached once for the group), as the
-    resource model prices a sample's KV (planning/reference.py)."""
+    """The context each task reached in earlier traces (mean over them): the largest prompt of its
+    inference steps less the prefix it shares with its group (cached once for the group). The
+    "kv_balanced" admission order's context priors (scheduling/admission_order.py)."""
     acc: dict[str, list[float]] = {}
     for trace in traces:
         for s in trace.samples:
             prompts = [st.prompt_tokens or 0 for st in s.steps if st.kind == INFERENCE]
             if prompts:
-                own = sum(prompts) / len(prompts) - (s.shared_prefix_tokens or 0)
-                acc.setdefault(s.task_id, []).append(max(0.0, own))
+                acc.setdefault(s.task_id, []).append(max(0.0, max(prompts) - (s.shared_prefix_tokens or 0)))
     return {task: sum(v) / len(v) for task, v in acc.items()}
 
 
