@@ -13,9 +13,11 @@ request, the store's commit, the gap until the sample's next step is queued): so
 which a time scale that compresses steps 10-20x turns into a tenth of a virtual second or more, on
 the critical path of every coupled chain. The bench measures it in the live runs (per step: service
 time beyond what the engine reports or the recorded duration, plus the gap to the next step; one
-mean over all steps of both runs, the same for both policies) and replays virtual time again with it
-(`VirtualConfig.step_latency_s`); the verdict compares live with that prediction, and the line
-also gives the prediction without it. A small batch's schedule can tip on a step's timing (which
+mean over all steps of both runs, the same for both policies), and how far apart it starts the
+sample chains (they start one after another: the first steps of the samples admitted at the start,
+first to last, over their count less one; the mean of both runs), and replays virtual time again
+with both (`VirtualConfig.step_latency_s`, `sample_start_s`); the verdict compares live with that
+prediction, and the line also gives the prediction without them. A small batch's schedule can tip on a step's timing (which
 chain the environment queue favours early decides when the longest one ends), so the prediction is
 an ensemble: the measured latency x0.8/1/1.2 and environment durations x0.995/1/1.005, paired for
 both policies; the verdict uses its median ratio and says whether every member agrees.
@@ -74,9 +76,11 @@ class LiveRun:
     makespan_s: float  # engine seconds (wall divided by the scale)
     overhead_wall_s: float  # summed over steps: the runner's own time (see step_overhead)
     steps: int
+    start_spacing_wall_s: float  # between the first steps of the samples admitted at the start (start_spacing)
 
 
-def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0, env_time_scale: float = 1.0) -> float:
+def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0, env_time_scale: float = 1.0,
+                     sample_start_s: float = 0.0) -> float:
     from agentbatch.flows.cli import build_parser
     from agentbatch.flows.commands.replay import POLICY_KINDS, _params
     from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
@@ -87,7 +91,8 @@ def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0,
     cfg = VirtualConfig(workers=len(a.endpoint), profile=profile, max_active=a.max_active, env_slots=a.env_slots,
                         per_worker_inflight=a.per_worker_inflight, coupled=a.coupled,
                         admission_order=a.admission_order, admission_control=a.admission_control, priors={},
-                        step_latency_s=step_latency_s, env_time_scale=env_time_scale, **{k: PolicySpec(getattr(a, k), params[k]) for k in POLICY_KINDS})  # fmt: skip
+                        step_latency_s=step_latency_s, env_time_scale=env_time_scale,
+                        sample_start_s=sample_start_s, **{k: PolicySpec(getattr(a, k), params[k]) for k in POLICY_KINDS})  # fmt: skip
     return simulate(read_trace(Path(a.trace)), cfg).summary.makespan_s
 
 
@@ -120,7 +125,18 @@ def live_makespan(argv_at: object, profile: str, scale: float, db: str, recorded
         raise RuntimeError("live replay: not every sample completed")
     span = max(s.finished_at for s in samples) - min(s.admitted_at for s in samples)
     index = {s.id: s.index for s in samples}
-    return LiveRun(span / scale, step_overhead(steps, index, recorded, scale), len(steps))
+    return LiveRun(span / scale, step_overhead(steps, index, recorded, scale), len(steps), start_spacing(samples, steps))
+
+
+def start_spacing(samples: list[Any], steps: list[Any]) -> float:
+    """Wall seconds between consecutive sample starts: the first steps of the samples that started
+    before any sample finished, first to last, over their count less one."""
+    first: dict[int, float] = {}
+    for s in steps:
+        first[s.sample_id] = min(first.get(s.sample_id, s.enqueued_at), s.enqueued_at)
+    done = min(s.finished_at for s in samples)
+    wave = sorted(t for t in first.values() if t < done)
+    return (wave[-1] - wave[0]) / (len(wave) - 1) if len(wave) > 1 else 0.0
 
 
 def step_overhead(steps: list[Any], index: dict[int, int], recorded: dict[tuple[int, int], float],
@@ -172,21 +188,28 @@ def family_check(family: str, args: argparse.Namespace, tmp: Path) -> bool:
         run = live[name]
         print(f"  {family} {name:36s} live {run.makespan_s:8.1f}s  (runner {run.overhead_wall_s / run.steps * 1e3:.1f} "
               f"ms/step; {time.perf_counter() - t0:.0f}s wall, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
-    # one latency for both policies: the runner's own time per step, pooled over both live runs
+    # one latency and one start spacing for both policies, pooled over both live runs
     wall = sum(r.overhead_wall_s for r in live.values()) / sum(r.steps for r in live.values())
-    ens = {name: [virtual_makespan(argv(name, PROBE, 1.0), profile, wall / scale * k, e) for k, e in PERTURB]
-           for name in live}  # fmt: skip
+    start = statistics.mean(r.start_spacing_wall_s for r in live.values()) / scale
+    ens = _ensemble({name: argv(name, PROBE, 1.0) for name in live}, profile, wall / scale, start)
     for name, run in live.items():
         at = statistics.median(ens[name])
         print(f"  {family} {name:36s} virtual {virt[name]:8.1f}s (live/virtual {run.makespan_s / virt[name]:.3f}); "
-              f"with the step latency {at:8.1f}s [{min(ens[name]):.1f}-{max(ens[name]):.1f}] "
+              f"with the runner's costs {at:8.1f}s [{min(ens[name]):.1f}-{max(ens[name]):.1f}] "
               f"(live/virtual {run.makespan_s / at:.3f})")  # fmt: skip
     ratios = [d / b for d, b in zip(ens["defaults"], ens[best], strict=True)]
+    print(f"  {family} runner: {wall * 1e3:.1f} ms a step = {wall / scale:.3f} s virtual; samples start "
+          f"{start * scale * 1e3:.1f} ms = {start:.3f} s virtual apart")
     return _report(family, args, scale, best, wall, ratios, {
         "plain": virt["defaults"] / virt[best], "live": live["defaults"].makespan_s / live[best].makespan_s})  # fmt: skip
 
 
 PERTURB = list(itertools.product((0.8, 1.0, 1.2), (0.995, 1.0, 1.005)))  # (x step latency, x environment durations)
+
+
+def _ensemble(argvs: dict[str, list[str]], profile: str, latency: float, start: float) -> dict[str, list[float]]:
+    """Each policy's virtual makespans with the runner's measured costs, over the PERTURB members."""
+    return {name: [virtual_makespan(a, profile, latency * k, e, start) for k, e in PERTURB] for name, a in argvs.items()}
 
 
 def _report(family: str, args: argparse.Namespace, scale: float, best: str, wall: float, ensemble: list[float],
@@ -198,8 +221,8 @@ def _report(family: str, args: argparse.Namespace, scale: float, best: str, wall
     agree = "all members agree" if len({_verdict(r) for r in ensemble}) == 1 else "members disagree"
     match = v == l_ or v == "tie"  # a predicted tie confirms nothing either way
     print(f"## {family}: {args.samples} samples, time scale {scale:.4f}; best baseline in virtual time: {best}; "
-          f"step latency measured live {wall * 1e3:.1f} ms = {wall / scale:.3f} s virtual; defaults/best "
-          f"virtual {ratio['plain']:.3f} ({_verdict(ratio['plain'])}), with the step latency {med:.3f} "
+          f"step latency measured live {wall * 1e3:.1f} ms; defaults/best "
+          f"virtual {ratio['plain']:.3f} ({_verdict(ratio['plain'])}), with the runner's costs {med:.3f} "
           f"[{min(ensemble):.3f}-{max(ensemble):.3f}, {agree}] ({v}), live {ratio['live']:.3f} ({l_}); "
           f"ordering matches: {match if v != 'tie' else 'n/a (tie predicted)'}; load {os.getloadavg()[0]:.1f}",
           flush=True)  # fmt: skip

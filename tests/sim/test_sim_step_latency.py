@@ -1,7 +1,7 @@
 """Virtual time's per-step latency (`VirtualConfig.step_latency_s`, the live runner's own time per
 step): a sample goes on that much later after each step, on the engine model and with recorded
 durations; the step's slot is free meanwhile (a coupled sample keeps its environment slot); 0 changes
-nothing."""
+nothing. And `sample_start_s`: sample chains start one after another, as the live runner starts them."""
 
 from __future__ import annotations
 
@@ -45,3 +45,14 @@ def test_the_latency_does_not_hold_a_shared_environment_slot() -> None:
     # one environment slot, eight samples: while one sample is in its latency another's action runs, so
     # the batch grows far less than if every action held the slot for the latency too
     assert base < late < base + 0.5 * 0.25 * env_steps
+
+
+def test_samples_start_one_after_another() -> None:
+    trace = generate("swe_like", 4, seed=3)
+    cfg = dict(workers=1, profile="llama3-8b-h100", max_active=4, env_slots=4, inference="recorded", priors={},
+               admission_control="static")  # fmt: skip
+    r = simulate(trace, VirtualConfig(**cfg, sample_start_s=0.5))
+    first = r.steps_frame().groupby("sample_id").enqueued_at.min().sort_values().tolist()
+    # admitted together at 0, the four chains' first steps are queued 0.5 s apart
+    assert first == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    assert simulate(trace, VirtualConfig(**cfg)).steps_frame().groupby("sample_id").enqueued_at.min().max() == 0.0

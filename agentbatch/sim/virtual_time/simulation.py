@@ -77,6 +77,9 @@ class VirtualConfig:
     # goes on this long after each step ends, its slot already free (coupled: its environment slot stays
     # held); measured by bench/live_ordering.py (0: steps cost nothing more)
     step_latency_s: float = 0.0
+    # the live runner starts sample chains one after another: an admitted sample's first step is queued
+    # this long after the previous sample's start or its own admission, whichever is later (0: all at once)
+    sample_start_s: float = 0.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
     # task id -> the context a task's chain reaches (`context_priors`; the "kv_balanced" admission order)
     context_priors: dict[str, float] | None = None
@@ -220,6 +223,8 @@ class _Contexts:
 class VirtualBatch:
     """One simulated batch. `run()` once; it returns the raw step and sample records."""
 
+    _next_start = 0.0  # when the next admitted sample starts (VirtualConfig.sample_start_s)
+
     def __init__(self, trace: Trace, config: VirtualConfig, engine_factory: EngineFactory | None = None) -> None:
         if config.inference not in ("engine", "recorded"):
             raise ValueError(f"inference must be 'engine' or 'recorded', got {config.inference!r}")
@@ -295,7 +300,11 @@ class VirtualBatch:
         s: _Sample = g.ticket.payload  # type: ignore[assignment]
         if g.resource == ADMISSION:
             s.admitted_at = now
-            self._advance(s, now)
+            if self.cfg.sample_start_s > 0:
+                self._next_start = max(now, self._next_start) + self.cfg.sample_start_s
+                self._push(self._next_start, _END, "advance", s)
+            else:
+                self._advance(s, now)
             return
         run = _Running(s, g.ticket, g.slot, now)
         st = s.trace.steps[s.pos]
