@@ -14,13 +14,14 @@ which a time scale that compresses steps 10-20x turns into a tenth of a virtual 
 the critical path of every coupled chain. The bench measures it in the live runs (per step: service
 time beyond what the engine reports or the recorded duration, plus the gap to the next step; one
 mean over all steps of both runs, the same for both policies), and how far apart it starts the
-sample chains (they start one after another: the first steps of the samples admitted at the start,
-first to last, over their count less one; the mean of both runs), and replays virtual time again
-with both (`VirtualConfig.step_latency_s`, `sample_start_s`); the verdict compares live with that
-prediction, and the line also gives the prediction without them. A small batch's schedule can tip on a step's timing (which
-chain the environment queue favours early decides when the longest one ends), so the prediction is
-an ensemble: the measured latency x0.8/1/1.2 and environment durations x0.995/1/1.005, paired for
-both policies; the verdict uses its median ratio and says whether every member agrees.
+sample chains (they start one after another: the median gap between the first steps of the samples
+admitted at the start, over both runs), and replays virtual time again with both
+(`VirtualConfig.step_latency_s`, `sample_start_s`); the verdict compares live with that prediction,
+and the line also gives the prediction without them. A small batch's schedule can tip on a step's
+timing (which chain the environment queue favours early decides when the longest one ends), so the
+prediction is an ensemble: the measured latency x0.8/1/1.2, environment durations x0.995/1/1.005 and the start
+spacing x0.5/1/2, paired for both policies; the verdict uses its median ratio and says whether every
+member agrees.
 
 Usage: .venv/bin/python bench/live_ordering.py [--families mcp_like,swe_like] [--samples 16]
        [--target-s 40] [--env-slots 4] [--max-active 12]
@@ -76,7 +77,7 @@ class LiveRun:
     makespan_s: float  # engine seconds (wall divided by the scale)
     overhead_wall_s: float  # summed over steps: the runner's own time (see step_overhead)
     steps: int
-    start_spacing_wall_s: float  # between the first steps of the samples admitted at the start (start_spacing)
+    start_gaps_wall_s: list[float]  # between the first steps of the samples admitted at the start (start_gaps)
 
 
 def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0, env_time_scale: float = 1.0,
@@ -125,18 +126,18 @@ def live_makespan(argv_at: object, profile: str, scale: float, db: str, recorded
         raise RuntimeError("live replay: not every sample completed")
     span = max(s.finished_at for s in samples) - min(s.admitted_at for s in samples)
     index = {s.id: s.index for s in samples}
-    return LiveRun(span / scale, step_overhead(steps, index, recorded, scale), len(steps), start_spacing(samples, steps))
+    return LiveRun(span / scale, step_overhead(steps, index, recorded, scale), len(steps), start_gaps(samples, steps))
 
 
-def start_spacing(samples: list[Any], steps: list[Any]) -> float:
+def start_gaps(samples: list[Any], steps: list[Any]) -> list[float]:
     """Wall seconds between consecutive sample starts: the first steps of the samples that started
-    before any sample finished, first to last, over their count less one."""
+    before any sample finished, in the order they came."""
     first: dict[int, float] = {}
     for s in steps:
         first[s.sample_id] = min(first.get(s.sample_id, s.enqueued_at), s.enqueued_at)
     done = min(s.finished_at for s in samples)
     wave = sorted(t for t in first.values() if t < done)
-    return (wave[-1] - wave[0]) / (len(wave) - 1) if len(wave) > 1 else 0.0
+    return [b - a for a, b in zip(wave, wave[1:], strict=False)]
 
 
 def step_overhead(steps: list[Any], index: dict[int, int], recorded: dict[tuple[int, int], float],
@@ -188,9 +189,7 @@ def family_check(family: str, args: argparse.Namespace, tmp: Path) -> bool:
         run = live[name]
         print(f"  {family} {name:36s} live {run.makespan_s:8.1f}s  (runner {run.overhead_wall_s / run.steps * 1e3:.1f} "
               f"ms/step; {time.perf_counter() - t0:.0f}s wall, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
-    # one latency and one start spacing for both policies, pooled over both live runs
-    wall = sum(r.overhead_wall_s for r in live.values()) / sum(r.steps for r in live.values())
-    start = statistics.mean(r.start_spacing_wall_s for r in live.values()) / scale
+    wall, start = runner_costs(list(live.values()), scale)
     ens = _ensemble({name: argv(name, PROBE, 1.0) for name in live}, profile, wall / scale, start)
     for name, run in live.items():
         at = statistics.median(ens[name])
@@ -204,12 +203,22 @@ def family_check(family: str, args: argparse.Namespace, tmp: Path) -> bool:
         "plain": virt["defaults"] / virt[best], "live": live["defaults"].makespan_s / live[best].makespan_s})  # fmt: skip
 
 
-PERTURB = list(itertools.product((0.8, 1.0, 1.2), (0.995, 1.0, 1.005)))  # (x step latency, x environment durations)
+def runner_costs(runs: list[LiveRun], scale: float) -> tuple[float, float]:
+    """One step latency (wall seconds) and one start spacing (virtual seconds) for both policies,
+    pooled over their live runs."""
+    wall = sum(r.overhead_wall_s for r in runs) / sum(r.steps for r in runs)
+    gaps = [g for r in runs for g in r.start_gaps_wall_s]
+    return wall, (statistics.median(gaps) if gaps else 0.0) / scale
+
+
+# (x step latency, x environment durations, x start spacing)
+PERTURB = list(itertools.product((0.8, 1.0, 1.2), (0.995, 1.0, 1.005), (0.5, 1.0, 2.0)))
 
 
 def _ensemble(argvs: dict[str, list[str]], profile: str, latency: float, start: float) -> dict[str, list[float]]:
     """Each policy's virtual makespans with the runner's measured costs, over the PERTURB members."""
-    return {name: [virtual_makespan(a, profile, latency * k, e, start) for k, e in PERTURB] for name, a in argvs.items()}
+    return {name: [virtual_makespan(a, profile, latency * k, e, start * j) for k, e, j in PERTURB]
+            for name, a in argvs.items()}  # fmt: skip
 
 
 def _report(family: str, args: argparse.Namespace, scale: float, best: str, wall: float, ensemble: list[float],
