@@ -16,7 +16,8 @@ engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-to
 samples-per-KV ratios of the full-size regime. The run stops after --budget-s and summarises the
 cells that ran (a uniform sample: cells run in a fixed shuffled order; it says how many).
 `--no-history` runs the defaults without priors (a first run of the tasks); `--admission-order` runs
-them with another admission order (scheduling/core.py `admission_sequence`). `--cells` reruns only
+them with another admission order (scheduling/admission_order.py; with history the defaults get the
+chain lengths and the contexts the same tasks reached in an earlier epoch). `--cells` reruns only
 the cells whose name (`family/profile/xM/wN`, M the slot multiple, N the workers) matches one of
 its comma-separated shell patterns, e.g. `'widesearch_like/*/x4/w1'`.
 Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--families ...] [--cells PATTERNS] [--no-history]
@@ -41,6 +42,7 @@ from agentbatch.planning import concurrency_for_profile
 from agentbatch.scheduling.defaults import ADMISSION_ORDERS, DEFAULTS
 from agentbatch.sim.profiles import EngineProfile, get_profile
 from agentbatch.sim.virtual_time import VirtualConfig, simulate
+from agentbatch.sim.virtual_time.simulation import context_priors
 from agentbatch.traces import FAMILIES, chain_priors, generate
 
 PROFILES = ("llama3-8b-h100", "ling-flash-2.0-h200")
@@ -97,10 +99,13 @@ def run_cell(cell: Cell) -> CellResult:
     profile = scaled_profile(cell.profile, cell.scale)
     trace = generate(cell.family, n, seed=cell.seed, epoch=1)
     # the same tasks, run before (--no-history: a first run, no priors)
-    priors = chain_priors(generate(cell.family, n, seed=cell.seed, epoch=0)) if cell.history else None
+    earlier = generate(cell.family, n, seed=cell.seed, epoch=0) if cell.history else None
+    priors = chain_priors(earlier) if earlier is not None else None
+    contexts = context_priors(earlier) if earlier is not None else None  # the kv_balanced order's
     n_ref = concurrency_for_profile(trace, profile, workers=cell.workers).n_ref
     default = VirtualConfig(workers=cell.workers, profile=profile, env_slots=slots, max_active=n_ref,
-                            per_worker_inflight=None, priors=priors, admission_order=cell.admission_order)  # fmt: skip
+                            per_worker_inflight=None, priors=priors, context_priors=contexts,
+                            admission_order=cell.admission_order)  # fmt: skip
     res = simulate(trace, default)
     scores = {round(res.summary.mean_score, 12)}
     best: dict[str, float] = {}

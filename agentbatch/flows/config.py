@@ -83,11 +83,13 @@ class SchedulingConfig(_Strict):
         "resume) and rebalanced at each lease renewal (a shared sandbox cluster or a tool API's rate limit)",
     )
     coupled: bool = Field(DEFAULTS.coupled, description="baseline: a sample holds an environment slot while admitted")
-    admission_order: Literal["arrival", "longest_prior_first", "longest_tail_first"] = Field(
+    admission_order: Literal["arrival", "longest_prior_first", "longest_tail_first", "kv_balanced"] = Field(
         DEFAULTS.admission_order,  # type: ignore[arg-type]
         description="order samples are admitted in: as listed, or longest recorded chain (earlier batches "
         "of the same task ids) first, unknown ones after, or only the longest tenth first and the rest as "
-        "listed; the same as arrival when there is no history",
+        "listed, or kv_balanced: longest first while the contexts the admitted chains reach fit in the "
+        "engines' KV cache (needs context priors and the KV capacity; without them longest first); the "
+        "same as arrival when there is no history",
     )
     admission_control: Literal["adaptive", "static"] = Field(
         DEFAULTS.admission_control,  # type: ignore[arg-type]
