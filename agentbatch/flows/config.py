@@ -88,8 +88,8 @@ class SchedulingConfig(_Strict):
         description="order samples are admitted in: as listed, or longest recorded chain (earlier batches "
         "of the same task ids) first, unknown ones after, or only the longest tenth first and the rest as "
         "listed, or kv_balanced: longest first while the contexts the admitted chains reach fit in the "
-        "engines' KV cache (needs context priors and the KV capacity; without them longest first); the "
-        "same as arrival when there is no history",
+        "engines' KV cache (virtual time with context priors; run has none yet and orders longest first); "
+        "the same as arrival when there is no history",
     )
     admission_control: Literal["adaptive", "static"] = Field(
         DEFAULTS.admission_control,  # type: ignore[arg-type]
