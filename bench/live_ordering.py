@@ -23,8 +23,11 @@ prediction is an ensemble: the measured latency x0.8/1/1.2, environment duration
 spacing x0.5/1/2, paired for both policies; the verdict uses its median ratio and says whether every
 member agrees.
 
+The defaults get history priors (the chain lengths of the same tasks in another run of them, as
+bench/robustness.py gives them; the baselines use none); `--no-history` runs them as a first run.
+
 Usage: .venv/bin/python bench/live_ordering.py [--families mcp_like,swe_like] [--samples 16]
-       [--target-s 40] [--env-slots 4] [--max-active 12]
+       [--target-s 40] [--env-slots 4] [--max-active 12] [--no-history]
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
     from agentbatch.dashboards.baselines import COUPLED_BEST, COUPLED_PAPER, FIFO_ALL, coupled_limits
 
     s = args.env_slots
-    out = {"defaults": ["--max-active", str(args.max_active), "--env-slots", str(s)]}
+    out = {"defaults": ["--max-active", str(args.max_active), "--env-slots", str(s), *args.history_flags]}
     for n in coupled_limits(s):
         out[f"{COUPLED_BEST} (limit {n})"] = ["--coupled", "--max-active", str(n), "--env-slots", str(s),
                                                "--router", "trajectory_aware", *STATIC]  # fmt: skip
@@ -83,7 +86,7 @@ class LiveRun:
 def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0, env_time_scale: float = 1.0,
                      sample_start_s: float = 0.0) -> float:
     from agentbatch.flows.cli import build_parser
-    from agentbatch.flows.commands.replay import POLICY_KINDS, _params
+    from agentbatch.flows.commands.replay import POLICY_KINDS, _params, _priors
     from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
     from agentbatch.traces import read_trace
 
@@ -91,7 +94,7 @@ def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0,
     params = _params(a)
     cfg = VirtualConfig(workers=len(a.endpoint), profile=profile, max_active=a.max_active, env_slots=a.env_slots,
                         per_worker_inflight=a.per_worker_inflight, coupled=a.coupled,
-                        admission_order=a.admission_order, admission_control=a.admission_control, priors={},
+                        admission_order=a.admission_order, admission_control=a.admission_control, priors=_priors(a),
                         step_latency_s=step_latency_s, env_time_scale=env_time_scale,
                         sample_start_s=sample_start_s, **{k: PolicySpec(getattr(a, k), params[k]) for k in POLICY_KINDS})  # fmt: skip
     return simulate(read_trace(Path(a.trace)), cfg).summary.makespan_s
@@ -172,6 +175,10 @@ def family_check(family: str, args: argparse.Namespace, tmp: Path) -> bool:
     path = tmp / f"{family}.parquet"
     trace = generate(family, args.samples, seed=args.seed)
     write_trace(trace, path)
+    args.history_flags = []
+    if not args.no_history:  # the defaults' priors: the same tasks' chain lengths in another run of them
+        write_trace(generate(family, args.samples, seed=args.seed, epoch=1), tmp / f"{family}-history.parquet")
+        args.history_flags = ["--priors", str(tmp / f"{family}-history.parquet")]
     recorded = {(s.index, st.index): st.duration_s or 0.0 for s in trace.samples for st in s.steps}
     flags = configs(args)
 
@@ -229,7 +236,8 @@ def _report(family: str, args: argparse.Namespace, scale: float, best: str, wall
     v, l_ = _verdict(med), _verdict(ratio["live"])
     agree = "all members agree" if len({_verdict(r) for r in ensemble}) == 1 else "members disagree"
     match = v == l_ or v == "tie"  # a predicted tie confirms nothing either way
-    print(f"## {family}: {args.samples} samples, time scale {scale:.4f}; best baseline in virtual time: {best}; "
+    prior = "no priors" if args.no_history else "defaults with history priors"
+    print(f"## {family}: {args.samples} samples ({prior}), time scale {scale:.4f}; best baseline in virtual time: {best}; "
           f"step latency measured live {wall * 1e3:.1f} ms; defaults/best "
           f"virtual {ratio['plain']:.3f} ({_verdict(ratio['plain'])}), with the runner's costs {med:.3f} "
           f"[{min(ensemble):.3f}-{max(ensemble):.3f}, {agree}] ({v}), live {ratio['live']:.3f} ({l_}); "
@@ -251,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target-s", type=float, default=40.0, help="wall seconds a live run should take (default 40)")
     ap.add_argument("--env-slots", type=int, default=4, help="environment slots S (default 4)")
     ap.add_argument("--max-active", type=int, default=12, help="the defaults' admission limit (default 12)")
+    ap.add_argument("--no-history", action="store_true",
+                    help="run the defaults without priors (a first run of the tasks); by default they get the "
+                         "chain lengths of the same tasks in another run (epoch 1) as history priors")  # fmt: skip
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="live-ordering-"))
     os.environ["AGENTBATCH_HOME"] = str(tmp)  # a Prefect server of this run only
