@@ -31,6 +31,7 @@ import fnmatch
 import math
 import os
 import random
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, TimeoutError, as_completed
@@ -186,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
           "(c) coupled at slots (paper)", flush=True)  # fmt: skip
     t0 = time.perf_counter()
     results: list[CellResult] = []
-    pool = ProcessPoolExecutor(max_workers=max(1, args.jobs))
+    # A SIGTERM (e.g. from `timeout`) runs the `finally` below, which stops the cells still running.
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    pool = ProcessPoolExecutor(max_workers=max(1, args.jobs), initializer=signal.signal,
+                               initargs=(signal.SIGTERM, signal.SIG_DFL))  # a worker dies on SIGTERM
     futures: list = []
     try:
         futures = [pool.submit(run_cell, c) for c in cells]
@@ -198,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _stop(pool, all(f.done() for f in futures))
     return _summary(results, time.perf_counter() - t0)
+
+
+def _exit_on_term(*_: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: `timeout` signals the whole process group
+    sys.exit(143)
 
 
 def _stop(pool: ProcessPoolExecutor, all_done: bool) -> None:
