@@ -55,3 +55,18 @@ def test_longest_tail_first(sqlite_url: str) -> None:
     assert admission_order(store, second) == [longest] + [t for t in listed if t != longest]
     assert admission_order(store, second) != sorted(listed, key=lambda t: -lengths[t])  # not full LPT
     store.close()
+
+
+def test_kv_balanced_live_says_it_orders_longest_first(sqlite_url: str, caplog) -> None:
+    """A live batch has no context priors or KV capacity for kv_balanced: it says so in the log and
+    admits longest recorded chain first."""
+    store = Store(sqlite_url)
+    first = create_batch(cfg("arrival"), store)
+    asyncio.run(execute_batch(store, first, use_prefect=False, show_progress=False))
+    lengths = {s.task_id: s.steps_done for s in store.samples(first)}
+    second = create_batch(cfg("kv_balanced"), store)
+    with caplog.at_level("WARNING", logger="agentbatch.batch"):
+        asyncio.run(execute_batch(store, second, use_prefect=False, show_progress=False))
+    assert any("kv_balanced" in r.getMessage() and "longest" in r.getMessage() for r in caplog.records)
+    assert [lengths[t] for t in admission_order(store, second)] == sorted(lengths.values(), reverse=True)
+    store.close()
