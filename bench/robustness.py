@@ -40,7 +40,8 @@ from itertools import product
 
 from agentbatch.dashboards.baselines import baselines, compare
 from agentbatch.planning import concurrency_for_profile
-from agentbatch.scheduling.defaults import ADMISSION_ORDERS, DEFAULTS
+from agentbatch.scheduling.admission_order import ADMISSION_ORDERS
+from agentbatch.scheduling.defaults import DEFAULTS
 from agentbatch.sim.profiles import EngineProfile, get_profile
 from agentbatch.sim.virtual_time import VirtualConfig, simulate
 from agentbatch.sim.virtual_time.simulation import context_priors

@@ -35,7 +35,7 @@ from agentbatch.flows.orphans import guard_prefect_server
 from agentbatch.flows.progress import BatchWatch
 from agentbatch.protocols.secrets import from_stored, install_log_redaction, to_stored
 from agentbatch.scheduling import registry
-from agentbatch.scheduling.core import admission_sequence
+from agentbatch.scheduling.admission_order import admission_sequence
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.chain import direct_executor, drive_all, run_sample

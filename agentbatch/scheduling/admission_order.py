@@ -25,7 +25,7 @@ import numpy as np
 from agentbatch.scheduling.types import SampleProgress
 
 LONG_TAIL_SHARE = 0.1  # "longest_tail_first": the share of samples (with a prior) admitted first
-ADMISSION_ORDER_NAMES = ("arrival", "longest_prior_first", "longest_tail_first", "kv_balanced")
+ADMISSION_ORDERS = ("arrival", "longest_prior_first", "longest_tail_first", "kv_balanced")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +48,8 @@ def admission_sequence(samples: Sequence[SampleProgress], order: str,
     orders as "longest_prior_first"."""
     if order in ("arrival", "trace"):
         return list(samples)
-    if order not in ADMISSION_ORDER_NAMES:
-        raise ValueError(f"admission_order must be one of {', '.join(map(repr, ADMISSION_ORDER_NAMES))}, "
+    if order not in ADMISSION_ORDERS:
+        raise ValueError(f"admission_order must be one of {', '.join(map(repr, ADMISSION_ORDERS))}, "
                          f"got {order!r}")
     if order == "longest_tail_first":
         return longest_tail_first(samples)

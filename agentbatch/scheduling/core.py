@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from agentbatch.scheduling.admission_control import AdmissionController, AdmissionSignals, EngineCounters
-from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequence  # noqa: F401  (drivers import them here)
 from agentbatch.scheduling.policies import AdmissionLimits, FifoQueue, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ADMISSION_ORDERS = ("arrival", "longest_prior_first", "longest_tail_first", "kv_balanced")  # admission_order.py
 ADMISSION_CONTROLS = ("adaptive", "static")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentbatch.scheduling.core import admission_sequence
+from agentbatch.scheduling.admission_order import admission_sequence
 from agentbatch.scheduling.types import SampleProgress
 
 

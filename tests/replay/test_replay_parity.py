@@ -22,7 +22,8 @@ from dataclasses import replace
 
 import pytest
 
-from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, admission_sequence
+from agentbatch.scheduling.admission_order import admission_sequence
+from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant
 from agentbatch.scheduling.registry import build_core
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
-from agentbatch.scheduling.defaults import ADMISSION_ORDERS, DEFAULTS
+from agentbatch.scheduling.admission_order import ADMISSION_ORDERS
+from agentbatch.scheduling.defaults import DEFAULTS
 
 POLICY_KINDS = ("router", "env_queue", "inference_queue", "priority")
 
