@@ -8,11 +8,13 @@ parallel test runs do not disturb each other.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from agentbatch.db.store import Store
 
@@ -68,7 +70,20 @@ def pg_url() -> Iterator[str]:
     _admin(f'CREATE DATABASE "{name}"')
     base, _, _ = PG_URL.rpartition("/")
     yield f"{base}/{name}"
-    _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    _drop_database(name)
+
+
+def _drop_database(name: str, tries: int = 20) -> None:
+    """DROP ... WITH (FORCE) as the test role cannot end an autovacuum worker (a superuser's process)
+    that happens to be on the database: wait for it to finish and try again."""
+    for attempt in range(tries):
+        try:
+            _admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) != "42501" or attempt == tries - 1:  # insufficient_privilege
+                raise
+            time.sleep(0.5)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
