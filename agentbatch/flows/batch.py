@@ -39,10 +39,11 @@ from agentbatch.scheduling.admission_order import admission_sequence
 from agentbatch.scheduling.policies import AdmissionLimits
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.chain import direct_executor, drive_all, run_sample
+from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.coordinator import Coordinator, counters_from_workers
 from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_visible
 from agentbatch.tasks.runner import CoordinatedTaskRunner
-from agentbatch.tasks.steps import BatchContext, RetryPolicy
+from agentbatch.tasks.steps import RetryPolicy
 
 log = logging.getLogger("agentbatch.batch")
 

@@ -17,8 +17,9 @@ from agentbatch.protocols.engine import Message
 from agentbatch.protocols.environment import Environment, EnvironmentFailure, TaskSpec, recorded_turns
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
+from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.env_thread import off_the_loop
-from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
+from agentbatch.tasks.steps import SampleRun, StepFailed, execute_step
 
 log = logging.getLogger(__name__)
 

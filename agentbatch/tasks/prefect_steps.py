@@ -32,9 +32,10 @@ from prefect.utilities.annotations import quote
 from agentbatch.db.models import Sample, SampleStatus
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.chain import StepExecutor, direct_executor, run_sample
+from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.runner import gated
 from agentbatch.tasks.step_events import StepEvents
-from agentbatch.tasks.steps import BatchContext, SampleRun, StepFailed, execute_step
+from agentbatch.tasks.steps import SampleRun, StepFailed, execute_step
 
 log = logging.getLogger(__name__)
 

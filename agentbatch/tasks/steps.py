@@ -12,27 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from agentbatch.db.models import StepStatus
-from agentbatch.db.store import Store
-from agentbatch.db.writer import StepWriter
 from agentbatch.engines.openai_http import EngineFailure
-from agentbatch.protocols.engine import ChatRequest, Engine
+from agentbatch.protocols.engine import ChatRequest
 from agentbatch.protocols.environment import (
     Environment,
-    EnvironmentFactory,
     EnvironmentFailure,
     TaskSpec,
     restore_mode_of,
 )
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
-from agentbatch.tasks.coordinator import Coordinator
+from agentbatch.tasks.context import BatchContext
 
 RETRYABLE = (EnvironmentFailure, EngineFailure, httpx.HTTPError, TimeoutError, ConnectionError)
 
@@ -50,28 +46,6 @@ class RetryPolicy:
     def delays(self, kind: StepKind) -> list[float]:
         n = self.environment if kind == StepKind.ENVIRONMENT else self.inference
         return [self.backoff_s * 2**i for i in range(n)]
-
-
-@dataclass(eq=False)
-class BatchContext:
-    """What every step of a batch needs. A plain class on purpose: Prefect does not traverse it."""
-
-    store: Store
-    batch_id: int
-    workload: EnvironmentFactory
-    engines: dict[str, Engine]
-    coordinator: Coordinator
-    retry: RetryPolicy
-    max_steps: int
-    step_timeout_s: float
-    clock: Callable[[], float] = time.time  # wall clock: ticket times are stored as they are
-    on_step: Callable[[StepTicket], None] | None = None  # progress hook
-    writer: StepWriter = None  # type: ignore[assignment]  # started on the store when not given
-    on_commit: Callable[[dict[str, Any]], None] | None = None  # sees each completed step's row (Prefect events)
-
-    def __post_init__(self) -> None:
-        if self.writer is None:
-            self.writer = StepWriter(self.store).start()
 
 
 @dataclass(eq=False)
