@@ -86,7 +86,7 @@ def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool =
     core = registry.build_core(
         limits, workers, record=record, admission_control=s.admission_control,
         # Policies resolved as plugins (registered names, entry points, "module:Class"), params checked.
-        **{k: registry.PolicyChoice(*config.policy(k)) for k in ("env_queue", "inference_queue", "router", "priority")},
+        **{k: config.policy(k) for k in ("env_queue", "inference_queue", "router", "priority")},
     )  # fmt: skip
     return Coordinator.from_core(core, clock=time.time)
 

@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import (
@@ -29,6 +29,9 @@ from pydantic import (
 
 from agentbatch.protocols.plugins import Plugin, PluginError, resolve
 from agentbatch.scheduling.defaults import DEFAULTS
+
+if TYPE_CHECKING:
+    from agentbatch.scheduling.registry import PolicySpec
 
 MAX_NAME_LENGTH = 200  # the store's name columns (PostgreSQL VARCHAR(200))
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -63,7 +66,9 @@ class EngineConfig(_Strict):
     )
 
 
-class PolicyRef(_Strict):
+class PolicyConfig(_Strict):
+    """A scheduling policy as a config file names it; `BatchConfig.policy` resolves it to a `PolicySpec`."""
+
     name: str = Field("fifo", min_length=1, max_length=MAX_NAME_LENGTH,
                       description="a registered policy name or 'package.module:Object'")
     params: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters")
@@ -100,14 +105,14 @@ class SchedulingConfig(_Strict):
     )
     # Defaults are the coordination policies (the ablation in docs/ablation.md); the baseline is
     # coupled: true, env_queue fifo, router round_robin, priority fcfs.
-    env_queue: PolicyRef = Field(default_factory=lambda: PolicyRef(name=DEFAULTS.env_queue),
+    env_queue: PolicyConfig = Field(default_factory=lambda: PolicyConfig(name=DEFAULTS.env_queue),
                                  description="order of the environment-action queue")
-    inference_queue: PolicyRef = Field(default_factory=lambda: PolicyRef(name=DEFAULTS.inference_queue),
+    inference_queue: PolicyConfig = Field(default_factory=lambda: PolicyConfig(name=DEFAULTS.inference_queue),
                                        description="order of each worker's queue")
-    router: PolicyRef = Field(default_factory=lambda: PolicyRef(name=DEFAULTS.router),
+    router: PolicyConfig = Field(default_factory=lambda: PolicyConfig(name=DEFAULTS.router),
                               description="which engine worker serves a sample's next inference call")
-    priority: PolicyRef = Field(
-        default_factory=lambda: PolicyRef(name=DEFAULTS.priority), description="per-request engine priority"
+    priority: PolicyConfig = Field(
+        default_factory=lambda: PolicyConfig(name=DEFAULTS.priority), description="per-request engine priority"
     )
     priors: dict[str, float] | None = Field(
         None, description="task id -> expected chain steps for history-aware policies and admission order; "
@@ -171,11 +176,13 @@ class BatchConfig(_Strict):
 
         return engine_plugin(self.engine.kind)
 
-    def policy(self, field: str) -> tuple[Any, dict[str, Any]]:
-        """(the policy's class or factory, its checked params) for a scheduling field, e.g. "router"."""
-        ref: PolicyRef = getattr(self.scheduling, field)
+    def policy(self, field: str) -> PolicySpec:
+        """The policy of a scheduling field (e.g. "router"): its class or factory, its checked params."""
+        ref: PolicyConfig = getattr(self.scheduling, field)
+        from agentbatch.scheduling.registry import PolicySpec
+
         plugin = policy_plugin(POLICY_FIELDS[field], ref.name)
-        return plugin.obj, plugin.validate(ref.params)
+        return PolicySpec(plugin.obj, plugin.validate(ref.params))
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +253,7 @@ def check_plugins(config: BatchConfig) -> list[ConfigIssue]:
     issues = _check_plugin("workload.kind", config.workload_plugin, config.workload.params)
     issues += _check_plugin("engine.kind", config.engine_plugin, config.engine.params)
     for field, role in POLICY_FIELDS.items():
-        ref: PolicyRef = getattr(config.scheduling, field)
+        ref: PolicyConfig = getattr(config.scheduling, field)
         issues += _check_plugin(f"scheduling.{field}.name", lambda r=role, n=ref.name: policy_plugin(r, n), ref.params)
     if config.engine.kind == "replay" and config.workload.kind != "recorded":
         issues.append(ConfigIssue("engine.kind", "the replay engine needs workload kind 'recorded'"))

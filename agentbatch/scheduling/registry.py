@@ -77,8 +77,9 @@ def make_priority(name: Factory, **params: Any) -> PriorityPolicy:
 
 
 @dataclass(frozen=True)
-class PolicyChoice:
-    """A policy by registry name (or its class, resolved as a plugin) with its keyword arguments."""
+class PolicySpec:
+    """A policy by registry name (or its class, resolved as a plugin) with its keyword arguments: what
+    the live runner (from a batch config's `scheduling.<role>`) and virtual time build each policy from."""
 
     name: Factory
     params: dict[str, Any] = field(default_factory=dict)
@@ -88,10 +89,10 @@ def build_core(
     limits: AdmissionLimits,
     workers: Sequence[str],
     *,
-    env_queue: PolicyChoice,
-    inference_queue: PolicyChoice,
-    router: PolicyChoice,
-    priority: PolicyChoice,
+    env_queue: PolicySpec,
+    inference_queue: PolicySpec,
+    router: PolicySpec,
+    priority: PolicySpec,
     load_hook: LoadHook | None = None,
     record: bool = False,
     admission_control: str = DEFAULTS.admission_control,

@@ -6,14 +6,14 @@ from agentbatch.scheduling.admission_control import EngineCounters
 from agentbatch.scheduling.caas import CaasHistoryQueue
 from agentbatch.scheduling.core import ADMISSION
 from agentbatch.scheduling.policies import AdmissionLimits
-from agentbatch.scheduling.registry import PolicyChoice, build_core
+from agentbatch.scheduling.registry import PolicySpec, build_core
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.sim.profiles import get_profile
 from agentbatch.sim.virtual_time import VirtualConfig, simulate
 from agentbatch.traces import generate
 
-POLICIES = {"env_queue": PolicyChoice("caas"), "inference_queue": PolicyChoice("fifo"),
-            "router": PolicyChoice("trajectory_aware"), "priority": PolicyChoice("chain_progress")}  # fmt: skip
+POLICIES = {"env_queue": PolicySpec("caas"), "inference_queue": PolicySpec("fifo"),
+            "router": PolicySpec("trajectory_aware"), "priority": PolicySpec("chain_progress")}  # fmt: skip
 
 
 def test_build_core_gives_the_controller_to_decoupled_adaptive_cores_only() -> None:

@@ -9,7 +9,7 @@ import httpx
 from agentbatch.engines.metrics import MetricsScraper
 from agentbatch.engines.sim_server import running_sim_server
 from agentbatch.scheduling.policies import AdmissionLimits
-from agentbatch.scheduling.registry import PolicyChoice, build_core
+from agentbatch.scheduling.registry import PolicySpec, build_core
 from agentbatch.tasks.coordinator import Coordinator, counters_from_workers
 
 
@@ -32,8 +32,8 @@ def test_live_core_reads_engine_counters_from_metrics() -> None:
     assert counters.prompt_tokens > 0 and 0 < counters.cached_tokens < counters.prompt_tokens
     assert counters.recomputed_tokens == 0.0  # serve-sim exports it, as the engine model has it in virtual time
     core = build_core(AdmissionLimits(max_active_samples=4, env_slots=2), ["sim-0"],
-                      env_queue=PolicyChoice("caas"), inference_queue=PolicyChoice("fifo"),
-                      router=PolicyChoice("trajectory_aware"), priority=PolicyChoice("chain_progress"))  # fmt: skip
+                      env_queue=PolicySpec("caas"), inference_queue=PolicySpec("fifo"),
+                      router=PolicySpec("trajectory_aware"), priority=PolicySpec("chain_progress"))  # fmt: skip
     coord = Coordinator.from_core(core)
     coord.engine_counters = lambda: counters_from_workers(scraper.latest.values())
     assert core.controller is not None

@@ -55,8 +55,8 @@ def test_plugin_policy_and_engine_params_are_checked_in_the_one_pass() -> None:
     ok = validate_config({**base, "scheduling": {"priority": {"name": "toolbench_fewest_steps",
                                                               "params": {"ceiling": 5}}},
                           "engine": {"kind": "toolbench_lazy", "params": {"workers": 2}}})
-    cls, params = ok.policy("priority")
-    assert cls.__name__ == "FewestStepsFirst" and params == {"ceiling": 5}
+    spec = ok.policy("priority")
+    assert spec.name.__name__ == "FewestStepsFirst" and spec.params == {"ceiling": 5}
     with pytest.raises(ConfigError) as err:
         validate_config({**base, "scheduling": {"priority": {"name": "toolbench_fewest_steps",
                                                              "params": {"ceiling": "5"}}},

@@ -32,7 +32,7 @@ from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequ
 from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord
 from agentbatch.scheduling.defaults import DEFAULTS
 from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority
-from agentbatch.scheduling.registry import PolicyChoice, build_core
+from agentbatch.scheduling.registry import PolicySpec, build_core
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
 from agentbatch.sim.model import EngineModel, SimRequest
 from agentbatch.sim.profiles import EngineProfile, get_profile
@@ -45,10 +45,6 @@ _ZEROS = array("q", bytes(8 * 4096))
 # event phases within an instant: step and iteration ends first, then iteration starts
 _END = 0
 _ITER_START = 1
-
-
-class PolicySpec(PolicyChoice):
-    """A policy by registry name with its parameters (the name virtual-time configs use)."""
 
 
 def _policy(name: str) -> Callable[[], PolicySpec]:
