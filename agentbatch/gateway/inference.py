@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agentbatch.gateway.core import GatewayState, HeldSlot, acquire_step, release_step
 from agentbatch.gateway.forward import StreamAccumulator, is_answer, outcome_of
 from agentbatch.gateway.identity import inference_sample_key
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
+from agentbatch.gateway.state import GatewayState, HeldSlot, acquire_step, release_step
 from agentbatch.scheduling.types import StepKind
 
 SendResult = tuple[httpx.Response | None, str | None]  # (response, error when none came)

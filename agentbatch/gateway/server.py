@@ -27,11 +27,11 @@ from agentbatch.db.models import BatchStatus
 from agentbatch.db.store import Store
 from agentbatch.engines.metrics import MetricsScraper
 from agentbatch.environments.mcp_client import McpServerSpec
-from agentbatch.gateway.core import GatewaySettings, GatewayState
 from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
 from agentbatch.gateway.inference import routes
 from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.gateway.samples import SampleRegistry
+from agentbatch.gateway.state import GatewaySettings, GatewayState
 from agentbatch.gateway.tools import ToolGateway
 from agentbatch.tasks.coordinator import Coordinator
 

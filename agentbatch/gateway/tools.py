@@ -20,8 +20,8 @@ from mcp.server.lowlevel import Server
 from agentbatch.db.store import StepOutcome
 from agentbatch.environments.mcp_client import McpServerSpec, result_text
 from agentbatch.environments.mcp_env import HIDDEN_PREFIX, Toolset, open_toolset
-from agentbatch.gateway.core import GatewayState, acquire_step, release_step
 from agentbatch.gateway.identity import tool_sample_key
+from agentbatch.gateway.state import GatewayState, acquire_step, release_step
 from agentbatch.protocols.environment import EnvironmentFailure
 from agentbatch.scheduling.types import StepKind
 

@@ -17,9 +17,9 @@ from agentbatch.environments.bfcl import BfclEnvironment, BfclWorkload
 from agentbatch.environments.mcp_client import McpServerSpec
 from agentbatch.flows.batch import build_coordinator
 from agentbatch.flows.config import BatchConfig
-from agentbatch.gateway.core import GatewaySettings
 from agentbatch.gateway.forward import WorkerEndpoint
 from agentbatch.gateway.server import Gateway, GatewayBatch, RunningGateway, running_gateway
+from agentbatch.gateway.state import GatewaySettings
 from agentbatch.protocols.engine import ChatRequest
 from agentbatch.protocols.environment import TaskSpec
 

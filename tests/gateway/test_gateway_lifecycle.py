@@ -12,8 +12,8 @@ from gateway_helpers import MODEL, gateway_config, serve_gateway, sim_workers
 from openai import OpenAI
 
 from agentbatch.db.store import Store
-from agentbatch.gateway.core import GatewaySettings
 from agentbatch.gateway.identity import conversation_hash, inference_sample_key, tool_sample_key
+from agentbatch.gateway.state import GatewaySettings
 
 
 def chat(base_url: str, content: str, *, max_tokens: int = 4, headers: dict | None = None,

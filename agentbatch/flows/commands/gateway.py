@@ -113,8 +113,8 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
     from agentbatch.dashboards.report import write_report
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import build_coordinator
-    from agentbatch.gateway.core import GatewaySettings
     from agentbatch.gateway.server import Gateway, GatewayBatch, listen_socket, uvicorn_server
+    from agentbatch.gateway.state import GatewaySettings
 
     config, endpoints, upstreams = checked
     # The store writer thread shares the interpreter lock with the event loop: every socket call of the

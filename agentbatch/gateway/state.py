@@ -1,4 +1,4 @@
-"""What both gateways share: settings, counters, and taking a step's slot from the coordinator.
+"""What both gateways share: their settings, counters and state, and taking a step's slot from the coordinator.
 
 A step (an inference request or a tool call) takes the next step index of its sample, waits for its
 slot (a worker slot chosen by the router, or an environment slot in CAAS order), runs, and gives
