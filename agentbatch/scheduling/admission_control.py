@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
-class EngineCounters:
+class EngineMeasurements:
     """Engine-side measurements summed over the workers: counters cumulative, gauges current.
     `recomputed_tokens` is None where the engine does not export it (vLLM): preemptions and the hit
     rate then stand for it."""
@@ -66,7 +66,7 @@ class AdmissionSignals:
     inference_queued: int  # inference calls waiting for a worker slot in the core
     steps_completed: int = 0  # steps (both kinds) completed so far, counted by the core
     samples_finished: int = 0  # samples ended so far, counted by the core
-    engine: EngineCounters = field(default_factory=EngineCounters)
+    engine: EngineMeasurements = field(default_factory=EngineMeasurements)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ class AdmissionController:
         self.history: list[Decision] = []
         self._steps = 0
         self._next_at = self.window
-        self._last: EngineCounters | None = None
+        self._last: EngineMeasurements | None = None
         self._best_hit: float | None = None
         self._last_steps = 0
         self._trial: tuple[int, float] | None = None  # a back-off on trial: (limit before, pressure then)
@@ -186,7 +186,7 @@ class AdmissionController:
             top = 1 << 30
         return top if self.thrash_at is None else max(self.floor, min(top, self.thrash_at - 1))
 
-    def _thrashing(self, eng: EngineCounters, last: EngineCounters, hit: float | None, steps: int,
+    def _thrashing(self, eng: EngineMeasurements, last: EngineMeasurements, hit: float | None, steps: int,
                    pressure: float | None) -> str | None:
         """What shows thrash in this window ("recompute", "preempt", "hit"), or None."""
         s = self.settings
@@ -213,7 +213,7 @@ class AdmissionController:
         )
 
 
-def _pressure(eng: EngineCounters, last: EngineCounters) -> float | None:
+def _pressure(eng: EngineMeasurements, last: EngineMeasurements) -> float | None:
     """The window's recomputed share of prompt tokens (None where the engine does not count it)."""
     if eng.recomputed_tokens is None or last.recomputed_tokens is None:
         return None
@@ -224,13 +224,13 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def counters_from_metrics(workers: list[dict[str, float]]) -> EngineCounters:
+def counters_from_metrics(workers: list[dict[str, float]]) -> EngineMeasurements:
     """Sum engine-model metrics dicts (`EngineModel.metrics()`: vLLM's metric names) over workers.
     Prefix-cache queries and hits count tokens there, as in vLLM."""
     if not workers:
-        return EngineCounters()
+        return EngineMeasurements()
     total = {k: sum(m.get(k, 0.0) for m in workers) for k in workers[0]}
-    return EngineCounters(
+    return EngineMeasurements(
         prompt_tokens=total.get("prefix_cache_queries_total", 0.0),
         cached_tokens=total.get("prefix_cache_hits_total", 0.0),
         preemptions=total.get("num_preemptions_total", 0.0),

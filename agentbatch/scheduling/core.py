@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agentbatch.scheduling.admission_control import AdmissionController, AdmissionSignals, EngineCounters
+from agentbatch.scheduling.admission_control import AdmissionController, AdmissionSignals, EngineMeasurements
 from agentbatch.scheduling.policies import AdmissionLimits, FifoQueue, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket, WorkerLoad
 
@@ -33,7 +33,7 @@ ENVIRONMENT = "environment"
 ADMISSION_STEP = -1  # step_index of an admission ticket
 
 LoadHook = Callable[[list[WorkerLoad]], list[WorkerLoad]]
-CountersHook = Callable[[], EngineCounters]
+CountersHook = Callable[[], EngineMeasurements]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +223,7 @@ class SchedulingCore:
             env_queued=len(self.environment.queue), env_slots=self.environment.capacity,
             inference_queued=sum(len(p.queue) for p in self.workers.values()), steps_completed=self.steps_completed,
             samples_finished=self.samples_finished,
-            engine=self.engine_counters() if self.engine_counters is not None else EngineCounters(measured=False),
+            engine=self.engine_counters() if self.engine_counters is not None else EngineMeasurements(measured=False),
         )  # fmt: skip
 
     # --- what drivers ask ---------------------------------------------------------------------------

@@ -57,7 +57,7 @@ from agentbatch.sim.requests import (
     DONE,
     PREFILL,
     WAITING,
-    EngineCounters,
+    EngineModelTotals,
     EngineRequest,
     IterationResult,
     PrefixHit,
@@ -109,7 +109,7 @@ class EngineModel:
         self._blocks = BlockPool(profile.num_kv_blocks, profile.block_size, profile.enable_prefix_caching)
         self._states = StatePool(profile.state_slots, profile.state_checkpoints)
         self._hasher = PromptHasher(profile.block_size, memo_limit)
-        self.counters = EngineCounters()
+        self.counters = EngineModelTotals()
 
     # --- public API ------------------------------------------------------------------------------
     def add_request(self, req: SimRequest, now: float) -> None:

@@ -136,7 +136,10 @@ class PrefixHit:
 
 
 @dataclass
-class EngineCounters:
+class EngineModelTotals:
+    """One simulated engine's cumulative totals since it started, exported by serve-sim as its
+    Prometheus counters (`/metrics`, vLLM names)."""
+
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
     num_preemptions_total: int = 0

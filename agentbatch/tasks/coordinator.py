@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from agentbatch.scheduling.admission_control import EngineCounters
+from agentbatch.scheduling.admission_control import EngineMeasurements
 from agentbatch.scheduling.core import CountersHook, Grant, LoadHook, SchedulingCore
 from agentbatch.scheduling.policies import AdmissionLimits, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.types import SampleProgress, StepTicket, WorkerLoad
@@ -167,17 +167,17 @@ class Coordinator:
         return mine
 
 
-def counters_from_workers(snapshots: Iterable[Any]) -> EngineCounters:
+def counters_from_workers(snapshots: Iterable[Any]) -> EngineMeasurements:
     """Sum the workers' latest /metrics snapshots (`engines.metrics.WorkerMetrics`) for the admission
     controller. Recomputed tokens come from workers that export them (serve-sim, as the engine model
     gives them in virtual time); vLLM exports no such counter, so preemptions and the hit rate stand
     for it there."""
     snaps = [m for m in snapshots if m.ok]
     if not snaps:
-        return EngineCounters()
+        return EngineMeasurements()
     kv = [m.kv_cache_usage for m in snaps if m.kv_cache_usage is not None]
     recomputed = [m.recomputed_tokens for m in snaps]
-    return EngineCounters(
+    return EngineMeasurements(
         prompt_tokens=sum(m.prefix_cache_queries for m in snaps),
         cached_tokens=sum(m.prefix_cache_hits for m in snaps),
         preemptions=sum(m.preemptions for m in snaps),

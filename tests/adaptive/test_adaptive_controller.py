@@ -9,14 +9,14 @@ from agentbatch.scheduling.admission_control import (
     AdmissionController,
     AdmissionSignals,
     ControllerSettings,
-    EngineCounters,
+    EngineMeasurements,
 )
 
 
 def _sig(steps: int, *, prompt: float, cached: float = 0.0, recomputed: float | None = 0.0, preempt: float = 0.0,
          kv: float = 0.3, admitted: int = 40, waiting: int = 10, env_queued: int = 0, engine_waiting: int = 0,
          ) -> AdmissionSignals:  # fmt: skip
-    eng = EngineCounters(prompt_tokens=prompt, cached_tokens=cached, preemptions=preempt, recomputed_tokens=recomputed,
+    eng = EngineMeasurements(prompt_tokens=prompt, cached_tokens=cached, preemptions=preempt, recomputed_tokens=recomputed,
                          kv_usage=kv, waiting=engine_waiting)  # fmt: skip
     return AdmissionSignals(admitted=admitted, waiting_admission=waiting, env_queued=env_queued, env_slots=8,
                             inference_queued=0, steps_completed=steps, engine=eng)  # fmt: skip
@@ -82,7 +82,7 @@ def test_idle_gpu_grows_above_the_start_only_when_measured_up_to_a_ceiling(measu
         sig = _sig(steps, prompt=prompt, cached=prompt * 0.9, recomputed=0, admitted=c.limit)
         if not measured:  # no metrics source: zeros are no evidence that the GPU idles
             sig = AdmissionSignals(**{**{f: getattr(sig, f) for f in sig.__slots__},
-                                      "engine": EngineCounters(measured=False)})  # fmt: skip
+                                      "engine": EngineMeasurements(measured=False)})  # fmt: skip
         limits.append(c.update(sig))
     assert limits == sorted(limits)
     # measured with a ceiling: up to it; without metrics or without a ceiling the start is the cap

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentbatch.scheduling.admission_control import EngineCounters
+from agentbatch.scheduling.admission_control import EngineMeasurements
 from agentbatch.scheduling.caas import CaasHistoryQueue
 from agentbatch.scheduling.core import ADMISSION
 from agentbatch.scheduling.policies import AdmissionLimits
@@ -25,7 +25,7 @@ def test_build_core_gives_the_controller_to_decoupled_adaptive_cores_only() -> N
 
 
 def test_thrash_lowers_the_limit_and_an_idle_gpu_admits_the_waiting_samples() -> None:
-    counters = {"c": EngineCounters()}
+    counters = {"c": EngineMeasurements()}
     core = build_core(AdmissionLimits(max_active_samples=8, env_slots=4, per_worker_inflight=64), ["w0"], **POLICIES)
     core.engine_counters = lambda: counters["c"]
     samples = [SampleProgress(sample_id=i, task_id=f"t{i}", arrival_seq=i) for i in range(12)]
@@ -41,7 +41,7 @@ def test_thrash_lowers_the_limit_and_an_idle_gpu_admits_the_waiting_samples() ->
             t = StepTicket(sample=s, kind=StepKind.INFERENCE, step_index=k, enqueued_at=now)
             (g,) = core.submit(t, now)
             c = counters["c"]
-            counters["c"] = EngineCounters(prompt_tokens=c.prompt_tokens + 100, cached_tokens=c.cached_tokens + 90,
+            counters["c"] = EngineMeasurements(prompt_tokens=c.prompt_tokens + 100, cached_tokens=c.cached_tokens + 90,
                                            recomputed_tokens=(c.recomputed_tokens or 0) + recomputed)  # fmt: skip
             grants += core.complete(t, g.slot, now)
         return grants

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentbatch.scheduling.admission_control import EngineCounters, counters_from_metrics
+from agentbatch.scheduling.admission_control import EngineMeasurements, counters_from_metrics
 from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequence
 from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord
 from agentbatch.scheduling.defaults import DEFAULTS
@@ -272,7 +272,7 @@ class VirtualBatch:
             load.kv_usage = self.engines[self._index[load.name]].metrics()["kv_cache_usage_perc"]
         return loads
 
-    def _engine_counters(self) -> EngineCounters:
+    def _engine_counters(self) -> EngineMeasurements:
         return counters_from_metrics([e.metrics() for e in self.engines])
 
     # --- event heap ----------------------------------------------------------------------------
