@@ -7,8 +7,8 @@ which engine worker serves a sample's next inference call. Admission limits are 
 
 from __future__ import annotations
 
-import heapq
 import itertools
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Sequence
@@ -19,7 +19,11 @@ from agentbatch.scheduling.types import SampleProgress, StepTicket, WorkerLoad
 
 
 class QueuePolicy(ABC):
-    """An ordered set of waiting tickets. `pop` returns the one that runs next."""
+    """An ordered set of waiting tickets. `pop` returns the one that runs next.
+
+    A subclass implements `_push`, `pop` and `__len__`; `remove` works from those three (override it
+    where cancellations are frequent or the queue's order depends on more than its tickets).
+    """
 
     aged_pops: int = 0  # pops forced by a starvation guard (policies with one count them)
 
@@ -41,8 +45,16 @@ class QueuePolicy(ABC):
     def __len__(self) -> int: ...
 
     def remove(self, ticket: StepTicket) -> bool:
-        """Drop a ticket that no longer waits (cancelled). Default: linear scan, override if hot."""
-        raise NotImplementedError
+        """Drop a ticket that no longer waits (its waiter was cancelled); False if it was not waiting.
+
+        Default, O(n) pops and pushes: pop every ticket (at `now=-inf`, so no aging guard fires) and
+        push back all but this one in the order they came out, their `seq` kept. That keeps the
+        order of a queue that orders by its tickets alone (key, then seq)."""
+        popped = [self.pop(-math.inf) for _ in range(len(self))]
+        for t in popped:
+            if t is not ticket:
+                self._push(t)
+        return any(t is ticket for t in popped)
 
 
 class FifoQueue(QueuePolicy):
@@ -67,38 +79,6 @@ class FifoQueue(QueuePolicy):
             return True
         except ValueError:
             return False
-
-
-class PriorityQueuePolicy(QueuePolicy):
-    """Base for policies that order by a key (smaller runs first); ties by enqueue order."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._heap: list[tuple[tuple, int, StepTicket]] = []
-        self._removed: set[int] = set()
-
-    @abstractmethod
-    def key(self, ticket: StepTicket) -> tuple: ...
-
-    def _push(self, ticket: StepTicket) -> None:
-        heapq.heappush(self._heap, (self.key(ticket), ticket.seq, ticket))
-
-    def pop(self, now: float) -> StepTicket:
-        while True:
-            _, seq, ticket = heapq.heappop(self._heap)
-            if seq in self._removed:
-                self._removed.discard(seq)
-                continue
-            return ticket
-
-    def __len__(self) -> int:
-        return len(self._heap) - len(self._removed)
-
-    def remove(self, ticket: StepTicket) -> bool:
-        if any(t is ticket for _, _, t in self._heap) and ticket.seq not in self._removed:
-            self._removed.add(ticket.seq)
-            return True
-        return False
 
 
 class Router(ABC):

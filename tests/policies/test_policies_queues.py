@@ -1,14 +1,24 @@
-"""CAAS and history-aware CAAS queues on hand-made cases."""
+"""CAAS and history-aware CAAS queues on hand-made cases; a plugin queue written to docs/plugins.md."""
 
 from __future__ import annotations
 
+import asyncio
+import heapq
 import random
 
 import pytest
 
 from agentbatch.scheduling.caas import CaasHistoryQueue, CaasQueue
+from agentbatch.scheduling.policies import (
+    AdmissionLimits,
+    FcfsPriority,
+    FifoQueue,
+    QueuePolicy,
+    RoundRobinRouter,
+)
 from agentbatch.scheduling.registry import make_queue
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
+from agentbatch.tasks.coordinator import Coordinator
 
 
 def ticket(sid: int, steps: int = 0, attained: float = 0.0, arrival: int | None = None, at: float = 0.0,
@@ -92,3 +102,61 @@ def test_registry_builds_queues_with_params() -> None:
     assert isinstance(make_queue("caas_history"), CaasHistoryQueue)
     with pytest.raises(ValueError, match="unknown queue policy"):
         make_queue("nope")
+
+
+class FewestStepsQueue(QueuePolicy):
+    """A queue as docs/plugins.md shows one: `_push`, `pop(now)`, `__len__` and nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._heap: list[tuple[int, int, StepTicket]] = []
+
+    def _push(self, ticket: StepTicket) -> None:
+        heapq.heappush(self._heap, (ticket.sample.steps_done, ticket.seq, ticket))
+
+    def pop(self, now: float) -> StepTicket:
+        return heapq.heappop(self._heap)[2]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
+def test_default_remove_drops_one_ticket_and_keeps_the_order() -> None:
+    q = FewestStepsQueue()
+    ts = [ticket(i, steps=s) for i, s in enumerate([4, 1, 3, 1, 0])]
+    for t in ts:
+        q.push(t)
+    assert q.remove(ts[1]) and not q.remove(ts[1])
+    assert len(q) == 4
+    q.push(ticket(9, steps=1))  # after the removal, behind sample 3 (same steps, pushed later)
+    assert drain(q) == [4, 3, 9, 2, 0]
+    assert not q.remove(ts[0])  # an empty queue: nothing to drop
+
+
+def test_a_docs_plugin_queue_survives_a_cancelled_waiter() -> None:
+    async def scenario() -> list[int]:
+        coord = Coordinator(limits=AdmissionLimits(max_active_samples=8, env_slots=1, per_worker_inflight=1),
+                            workers=["w0"], env_queue=FewestStepsQueue(), inference_queues={"w0": FifoQueue()},
+                            router=RoundRobinRouter(), priority=FcfsPriority())
+        env = [StepTicket(sample=SampleProgress(i, f"t{i}", i), kind=StepKind.ENVIRONMENT, step_index=1,
+                          enqueued_at=0.0) for i in range(3)]
+        held = await coord.acquire(env[0])
+        granted: list[int] = []
+
+        async def wait(t: StepTicket) -> None:
+            slot = await coord.acquire(t)
+            granted.append(t.sample.sample_id)
+            coord.release(t, slot)
+
+        cancelled, kept = asyncio.create_task(wait(env[1])), asyncio.create_task(wait(env[2]))
+        await asyncio.sleep(0)  # both are queued behind the held slot
+        assert coord.core.queued()["environment"] == 2
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert coord.core.queued()["environment"] == 1
+        coord.release(env[0], held)
+        await kept
+        return granted
+
+    assert asyncio.run(scenario()) == [2]
