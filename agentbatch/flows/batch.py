@@ -43,6 +43,7 @@ from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.coordinator import Coordinator, counters_from_workers
 from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_visible
 from agentbatch.tasks.runner import CoordinatedTaskRunner
+from agentbatch.tasks.step_events import StepEvents
 from agentbatch.tasks.steps import RetryPolicy
 
 log = logging.getLogger("agentbatch.batch")
@@ -88,7 +89,7 @@ def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool =
         # Policies resolved as plugins (registered names, entry points, "module:Class"), params checked.
         **{k: config.policy(k) for k in ("env_queue", "inference_queue", "router", "priority")},
     )  # fmt: skip
-    return Coordinator.from_core(core, clock=time.time)
+    return Coordinator(core, clock=time.time)
 
 
 @dataclass
@@ -123,6 +124,7 @@ class _LiveBatch:
     todo: list[Any]
     batch: BatchContext
     engines: list[Any]
+    events: StepEvents | None  # chains mode: the steps as Prefect events
     priors: dict[str, float] = field(default_factory=dict)
     total: int = 0
 
@@ -154,13 +156,9 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
     ctx = FlowRunContext.get()
     if use_prefect and ctx is not None and isinstance(ctx.task_runner, CoordinatedTaskRunner):
         ctx.task_runner.bind(coordinator)
-    batch = BatchContext(
-        store=store, batch_id=batch_id, workload=workload, engines={e.name: e for e in engines},
-        coordinator=coordinator,
-        retry=RetryPolicy(config.retries.environment, config.retries.inference, config.retries.backoff_s),
-        max_steps=config.limits.max_steps, step_timeout_s=config.limits.step_timeout_s,
-        writer=StepWriter(store).start(),
-    )
+    # Chains mode lists each committed step in Prefect as batched events (the flow starts and closes them).
+    events = StepEvents(batch_id) if use_prefect and config.execution.mode == "chains" else None
+    batch = batch_context(store, batch_id, config, workload, engines, coordinator, events)
     for e in engines:
         store.upsert_worker(batch_id, e.name, "engine", endpoint=getattr(e, "base_url", None))
     abandoned = store.abandon_running(batch_id, [s.id for s in todo])  # only the samples leased here
@@ -170,13 +168,25 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
     todo = keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
     if config.scheduling.env_slots_scope == "batch":
         keeper.on_owners = env_slot_share(config.scheduling.env_slots, keeper, coordinator)
-    live = _LiveBatch(config, keeper, todo, batch, engines, total=len(store.samples(batch_id)))
+    live = _LiveBatch(config, keeper, todo, batch, engines, events, total=len(store.samples(batch_id)))
     plan = admission_todo(config, store, batch_id, todo)
     live.todo, live.priors = plan.todo, plan.priors  # the order they queue for admission
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), live.total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
     return live
+
+
+def batch_context(store: Store, batch_id: int, config: BatchConfig, workload: Any, engines: list[Any],
+                  coordinator: Coordinator, events: StepEvents | None) -> BatchContext:
+    """The context of this run's steps; its writer is started and closed by `_drive`."""
+    return BatchContext(
+        store=store, batch_id=batch_id, workload=workload, engines={e.name: e for e in engines},
+        coordinator=coordinator, writer=StepWriter(store),
+        retry=RetryPolicy(config.retries.environment, config.retries.inference, config.retries.backoff_s),
+        max_steps=config.limits.max_steps, step_timeout_s=config.limits.step_timeout_s,
+        on_commit=events.record if events is not None else None,
+    )
 
 
 def env_slot_share(total: int, keeper: LeaseKeeper, coordinator: Coordinator) -> Callable[[list[str]], None]:
@@ -225,6 +235,9 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
     if scraper is not None:
         batch.coordinator.load_hook = scraper.fill_loads
         batch.coordinator.engine_counters = lambda: counters_from_workers(scraper.latest.values())
+    batch.writer.start()  # this flow owns the writer: started before the first step, closed after the last
+    if live.events is not None:
+        live.events.start()
     try:
         async with scraper or contextlib.nullcontext(), live.keeper:
             await drive_all(live.keeper.run(s.id, drive(s)) for s in live.todo)
@@ -236,6 +249,8 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
     finally:
         await bar.aclose()
         await batch.writer.aclose()  # after the samples: their last rows are committed
+        if live.events is not None:
+            live.events.close()  # after the writer: every committed step is in the last events
         for e in live.engines:
             await e.aclose()
         await batch.workload.aclose()

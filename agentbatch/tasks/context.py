@@ -1,4 +1,9 @@
-"""The batch context: what every step of a batch needs (store, engines, coordinator, writer)."""
+"""The batch context: what every step of one batch run needs.
+
+The flow that runs the batch (`flows/batch.py`) builds it and owns what it holds: it starts the step
+writer before the first step and closes it after the last, and closes the engines and the workload.
+The context itself starts nothing.
+"""
 
 from __future__ import annotations
 
@@ -11,30 +16,26 @@ from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 from agentbatch.protocols.engine import Engine
 from agentbatch.protocols.environment import EnvironmentFactory
-from agentbatch.scheduling.types import StepTicket
 from agentbatch.tasks.coordinator import Coordinator
 
 if TYPE_CHECKING:
     from agentbatch.tasks.steps import RetryPolicy
 
+StepHook = Callable[[dict[str, Any]], None]
+
 
 @dataclass(eq=False)
 class BatchContext:
-    """What every step of a batch needs. A plain class on purpose: Prefect does not traverse it."""
+    """A plain class on purpose: Prefect does not traverse it (tasks get it `quote`d)."""
 
     store: Store
     batch_id: int
     workload: EnvironmentFactory
-    engines: dict[str, Engine]
+    engines: dict[str, Engine]  # by worker name
     coordinator: Coordinator
+    writer: StepWriter  # started and closed by the flow that builds the context
     retry: RetryPolicy
     max_steps: int
     step_timeout_s: float
+    on_commit: StepHook | None = None  # sees each committed step's row (chains mode: Prefect step events)
     clock: Callable[[], float] = time.time  # wall clock: ticket times are stored as they are
-    on_step: Callable[[StepTicket], None] | None = None  # progress hook
-    writer: StepWriter = None  # type: ignore[assignment]  # started on the store when not given
-    on_commit: Callable[[dict[str, Any]], None] | None = None  # sees each completed step's row (Prefect events)
-
-    def __post_init__(self) -> None:
-        if self.writer is None:
-            self.writer = StepWriter(self.store).start()

@@ -21,8 +21,17 @@ from agentbatch.scheduling.types import SampleProgress, StepTicket, WorkerLoad
 
 
 class Coordinator:
-    def __init__(
-        self,
+    """The asyncio face of one `SchedulingCore`: build the core first (`registry.build_core`, as
+    virtual time does), then the coordinator over it."""
+
+    def __init__(self, core: SchedulingCore, clock: Callable[[], float] = time.monotonic) -> None:
+        self.core = core
+        self.clock = clock
+        self._waiters: dict[int, tuple[StepTicket, asyncio.Future[str]]] = {}  # id(ticket) -> waiter
+
+    @classmethod
+    def with_policies(
+        cls,
         limits: AdmissionLimits,
         workers: list[str],
         env_queue: QueuePolicy,
@@ -30,20 +39,12 @@ class Coordinator:
         router: Router,
         priority: PriorityPolicy,
         clock: Callable[[], float] = time.monotonic,
-        load_hook: LoadHook | None = None,
         *,
         record: bool = False,
-    ) -> None:
-        self.core = SchedulingCore(limits, workers, env_queue, inference_queues, router, priority,
-                                   load_hook=load_hook, record=record)  # fmt: skip
-        self.clock = clock
-        self._waiters: dict[int, tuple[StepTicket, asyncio.Future[str]]] = {}  # id(ticket) -> waiter
-
-    @classmethod
-    def from_core(cls, core: SchedulingCore, clock: Callable[[], float] = time.monotonic) -> Coordinator:
-        self = cls.__new__(cls)
-        self.core, self.clock, self._waiters = core, clock, {}
-        return self
+    ) -> Coordinator:
+        """A coordinator over a new core made of these policy objects (tests and hand-built drivers)."""
+        return cls(SchedulingCore(limits, workers, env_queue, inference_queues, router, priority, record=record),
+                   clock)
 
     # --- the core's state, as the public API names it ---------------------------------------------
     @property

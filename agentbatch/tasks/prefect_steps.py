@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,6 @@ from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.chain import StepExecutor, direct_executor, run_sample
 from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.runner import gated
-from agentbatch.tasks.step_events import StepEvents
 from agentbatch.tasks.steps import SampleRun, StepFailed, execute_step
 
 log = logging.getLogger(__name__)
@@ -115,18 +113,6 @@ async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: Ste
         raise StepFailed(f"{ticket.kind} step {ticket.step_index}: task run failed: {exc!r}")
 
 
-_EMITTERS: weakref.WeakKeyDictionary[BatchContext, StepEvents] = weakref.WeakKeyDictionary()
-
-
-def step_events(batch: BatchContext) -> StepEvents:
-    """The batch's step-event emitter (one per batch run), hooked to its committed steps."""
-    emitter = _EMITTERS.get(batch)
-    if emitter is None:
-        emitter = _EMITTERS[batch] = StepEvents(batch.batch_id)
-        batch.on_commit = emitter.record
-    return emitter
-
-
 @task(name="sample-chain", task_run_name="sample-{sample.index}-{sample.task_id}", **_TASK_OPTIONS)
 async def visible_chain_task(sample: Sample, progress: SampleProgress, batch: BatchContext,
                              outcome: ChainOutcome | None = None) -> str:
@@ -149,16 +135,12 @@ def _executor_for(task_run_id: str | None) -> StepExecutor:
 
 
 async def run_sample_visible(batch: BatchContext, sample: Sample, progress: SampleProgress) -> SampleStatus:
-    """Chains mode: admit, then one Prefect task run for the chain; its steps go out as events."""
-    emitter = step_events(batch)
-    emitter.enter()
-    try:
-        await batch.coordinator.admit(progress)
-        outcome = ChainOutcome()
-        future = visible_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
-                                           outcome=quote(outcome))
-        state = await _task_state(future)
-        return await _settle(state, outcome, sample,
-                             lambda: run_sample(batch, sample, progress, direct_executor, admitted=True))
-    finally:
-        emitter.exit()
+    """Chains mode: admit, then one Prefect task run for the chain; its steps go out as events (the
+    flow gives the batch context a `StepEvents` hook, `step_events.py`)."""
+    await batch.coordinator.admit(progress)
+    outcome = ChainOutcome()
+    future = visible_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
+                                       outcome=quote(outcome))
+    state = await _task_state(future)
+    return await _settle(state, outcome, sample,
+                         lambda: run_sample(batch, sample, progress, direct_executor, admitted=True))

@@ -44,7 +44,8 @@ class EmitterStats:
 
 @dataclass(eq=False)
 class StepEvents:
-    """Batches step summaries into Prefect events; one per batch run, on the flow's event loop."""
+    """Batches step summaries into Prefect events; one per batch run, on the flow's event loop. The
+    flow hands `record` to the batch context as its `on_commit` hook."""
 
     batch_id: int
     interval_s: float = 2.0
@@ -52,7 +53,6 @@ class StepEvents:
     max_related: int = 90  # under Prefect's default maximum of related resources per event (100)
     stats: EmitterStats = field(default_factory=EmitterStats)
     _pending: list[tuple[dict[str, Any], str | None]] = field(default_factory=list)
-    _users: int = 0
     _timer: asyncio.Task[None] | None = None
     _flow_run: str | None = None
     _context: contextvars.Context | None = None
@@ -61,26 +61,26 @@ class StepEvents:
         """A committed step (its store row); cheap: appended, emitted at the next flush."""
         self._pending.append((step_summary(row), row.get("task_run_id")))
 
-    # --- lifetime: started by the first sample chain that uses it, flushed when the last one ends -------
-    def enter(self) -> None:
-        self._users += 1
-        if self._timer is None:
-            ctx = FlowRunContext.get()
-            self._flow_run = str(ctx.flow_run.id) if ctx and ctx.flow_run else None
-            # Emit from the flow's context, not the first sample's: Prefect's events worker would
-            # otherwise relate every event to that one sample's task run.
-            self._context = contextvars.copy_context()
-            self._context.run(TaskRunContext.__var__.set, None)  # type: ignore[attr-defined]
-            self._timer = asyncio.get_running_loop().create_task(self._tick(), name="agentbatch-step-events",
-                                                                 context=self._context)
+    # --- lifetime: owned by the flow that runs the batch: started before its chains, closed after ---------
+    def start(self) -> None:
+        """Start the periodic flush on the running loop (inside the flow run)."""
+        if self._timer is not None:
+            return
+        ctx = FlowRunContext.get()
+        self._flow_run = str(ctx.flow_run.id) if ctx and ctx.flow_run else None
+        # Emit from the flow's context without any task run: Prefect's events worker would otherwise
+        # relate every event to that task run.
+        self._context = contextvars.copy_context()
+        self._context.run(TaskRunContext.__var__.set, None)  # type: ignore[attr-defined]
+        self._timer = asyncio.get_running_loop().create_task(self._tick(), name="agentbatch-step-events",
+                                                             context=self._context)
 
-    def exit(self) -> None:
-        self._users -= 1
-        if self._users == 0:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            (self._context or contextvars.copy_context()).run(self.flush)
+    def close(self) -> None:
+        """Stop the periodic flush and emit what is left."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        (self._context or contextvars.copy_context()).run(self.flush)
 
     async def _tick(self) -> None:
         with contextlib.suppress(asyncio.CancelledError):

@@ -185,5 +185,3 @@ async def execute_step(
             raise StepFailed(f"{ticket.kind} step {ticket.step_index}: {exc.__class__.__name__}: {exc}") from exc
     # The sample's progress (steps done, attained service) advances when the coordinator gets the
     # slot back (`Coordinator.release`), by the scheduling core's one definition, in both clocks.
-    if batch.on_step:
-        batch.on_step(ticket)

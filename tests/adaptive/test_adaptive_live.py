@@ -34,7 +34,7 @@ def test_live_core_reads_engine_counters_from_metrics() -> None:
     core = build_core(AdmissionLimits(max_active_samples=4, env_slots=2), ["sim-0"],
                       env_queue=PolicySpec("caas"), inference_queue=PolicySpec("fifo"),
                       router=PolicySpec("trajectory_aware"), priority=PolicySpec("chain_progress"))  # fmt: skip
-    coord = Coordinator.from_core(core)
+    coord = Coordinator(core)
     coord.engine_counters = lambda: counters_from_workers(scraper.latest.values())
     assert core.controller is not None
     assert core.admission_signals().engine == counters

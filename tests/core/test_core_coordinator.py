@@ -11,9 +11,9 @@ from agentbatch.tasks.coordinator import Coordinator
 
 
 def make(limits: AdmissionLimits, workers=("w0", "w1")) -> Coordinator:
-    return Coordinator(limits=limits, workers=list(workers), env_queue=FifoQueue(),
-                       inference_queues={w: FifoQueue() for w in workers}, router=RoundRobinRouter(),
-                       priority=FcfsPriority())
+    return Coordinator.with_policies(limits=limits, workers=list(workers), env_queue=FifoQueue(),
+                                     inference_queues={w: FifoQueue() for w in workers},
+                                     router=RoundRobinRouter(), priority=FcfsPriority())
 
 
 async def chains(coord: Coordinator, samples: int, steps: int, seed: int = 0) -> dict[str, int]:

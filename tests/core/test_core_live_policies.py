@@ -96,9 +96,10 @@ async def free_probe(ticket: StepTicket, slot: str = "") -> str:  # same signatu
 
 @flow(task_runner=CoordinatedTaskRunner(), persist_result=False)
 async def mapped_flow(n: int) -> tuple[list[str], list[str], dict[str, int]]:
-    coordinator = Coordinator(limits=AdmissionLimits(max_active_samples=n, env_slots=2, per_worker_inflight=1),
-                              workers=["w0"], env_queue=FifoQueue(), inference_queues={"w0": FifoQueue()},
-                              router=RoundRobinRouter(), priority=FcfsPriority())
+    coordinator = Coordinator.with_policies(limits=AdmissionLimits(max_active_samples=n, env_slots=2, per_worker_inflight=1),
+                                            workers=["w0"], env_queue=FifoQueue(),
+                                            inference_queues={"w0": FifoQueue()}, router=RoundRobinRouter(),
+                                            priority=FcfsPriority())
     ctx = FlowRunContext.get()
     assert ctx is not None and isinstance(ctx.task_runner, CoordinatedTaskRunner)
     ctx.task_runner.bind(coordinator)

@@ -96,7 +96,7 @@ async def _live_batch(trace: Trace, cfg: VirtualConfig, driver: type[Coordinator
     names = [f"sim-{i}" for i in range(cfg.workers)]
     core = build_core(cfg.limits(cfg.engine_profile()), names, env_queue=cfg.env_queue,
                       inference_queue=cfg.inference_queue, router=cfg.router, priority=cfg.priority)  # fmt: skip
-    coord = driver.from_core(core, clock=loop.time)
+    coord = driver(core, clock=loop.time)
     starts: Starts = defaultdict(list)
 
     async def run(s: TraceSample, prog: SampleProgress) -> None:
