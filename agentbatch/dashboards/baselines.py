@@ -56,11 +56,6 @@ class Comparison:
     def ratio(self) -> float:
         return self.makespan_s / self.best_s if self.best_s > 0 else float("inf")
 
-    def phrase(self) -> str:
-        pct = (1 - self.ratio) * 100
-        word = "lower" if pct >= 0 else "higher"
-        return f"{abs(pct):.1f}% {word} than the best baseline ({self.best_name}, {self.best_s:.1f}s)"
-
 
 def compare(makespan_s: float, baseline_makespans: dict[str, float]) -> Comparison:
     name = min(baseline_makespans, key=lambda k: (baseline_makespans[k], k))

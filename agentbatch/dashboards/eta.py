@@ -44,10 +44,6 @@ class Eta:
     notes: list[str] = field(default_factory=list)
     heartbeat_age_s: float | None = None  # seconds since the running process last beat
 
-    @property
-    def finish_at(self) -> float | None:
-        return None if self.remaining_s is None else time.time() + self.remaining_s
-
     def to_text(self) -> str:
         pct = 100.0 * self.done / self.total if self.total else 100.0
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))

@@ -157,11 +157,6 @@ class SampleLeases:
     def held(self) -> set[int]:
         return set(self._held)
 
-    def holds(self, sample_id: int) -> bool:
-        """Whether the store still says this process leases the sample (a fresh read)."""
-        with self.store.session() as s:
-            return s.scalar(select(Sample.lease_owner).where(Sample.id == sample_id)) == self.owner
-
     # --- others ----------------------------------------------------------------------------------
     def claimable_count(self) -> int:
         """How many unfinished samples a `claim` now could take (a read; claims nothing)."""

@@ -617,15 +617,5 @@ def probe(base_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     return out
 
 
-def vllm_python_ok(python: str = DEFAULT_PYTHON) -> tuple[bool, str]:
-    """Whether `python` can import vllm (for skips and friendly errors)."""
-    if not Path(python).exists():
-        return False, f"{python} not found (run .ci/setup_vllm.sh)"
-    r = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        return False, f"{python} cannot import vllm: {r.stderr.strip().splitlines()[-1:]}"
-    return True, ""
-
-
 if __name__ == "__main__":  # pragma: no cover - convenience
     sys.exit("use `agentbatch workers up|down|list`")

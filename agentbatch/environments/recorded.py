@@ -4,8 +4,7 @@ Workload kind "recorded", params: `trace` (a Parquet trace file), `time_scale` (
 recorded environment duration; 0 = no waiting), `samples` (replay only the first N). The score of a
 sample is the recorded score, so a replay's scores equal the recording's by construction, whatever
 the policies. Task ids are the recorded ones; a task id that occurs several times in the trace gets
-"#k" appended from its second occurrence on, so every replayed sample maps to one recorded sample
-(`base_task_id` strips it, e.g. for history priors).
+"#k" appended from its second occurrence on, so every replayed sample maps to one recorded sample.
 """
 
 from __future__ import annotations
@@ -25,10 +24,6 @@ from agentbatch.protocols.environment import (
 from agentbatch.traces.conversation import initial_messages, observation_messages
 from agentbatch.traces.parquet import read_trace
 from agentbatch.traces.schema import Trace, TraceSample
-
-
-def base_task_id(task_id: str) -> str:
-    return task_id.split("#", 1)[0]
 
 
 class RecordedWorkload:

@@ -224,14 +224,6 @@ class EngineModel:
             blocks = self._states.cut(memo.hashes, blocks, touch=False)
         return blocks * self.bs
 
-    @property
-    def num_running(self) -> int:
-        return len(self._decode) + len(self._prefill)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self._waiting)
-
     def forget_sample(self, sample_id: int) -> None:
         """Drop the per-sample memo (a finished sample): frees its prompt reference."""
         self._hasher.forget(sample_id)

@@ -1,15 +1,10 @@
-"""Helpers shared by the subcommands: the --db option, error exits, the end-of-batch summary."""
+"""Helpers shared by the subcommands: the --db option, error exits, Prefect settings for a CLI run."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # imported lazily at run time: `--help` stays fast
-    from agentbatch.db.store import Store
-    from agentbatch.flows.batch import BatchOutcome
 
 from agentbatch.flows.commands._inputs import db_url_arg
 
@@ -41,13 +36,3 @@ def fail(message: str, code: int = EXIT_USAGE) -> int:
 
     print(f"agentbatch: error: {redact_text(message)}", file=sys.stderr)
     return code
-
-
-def print_outcome(store: Store, outcome: BatchOutcome) -> int:
-    """The batch summary in the terminal; exit status 1 when a sample failed."""
-    from agentbatch.dashboards.summary import summarize
-
-    print(summarize(store, outcome.batch_id).to_text())
-    if outcome.report_path:
-        print(f"report: {outcome.report_path}")
-    return 0 if outcome.failed == 0 else 1
