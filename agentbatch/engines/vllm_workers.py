@@ -518,14 +518,24 @@ def procs_path(endpoints_file: str | Path) -> Path:
 
 
 def write_endpoints(path: str | Path, workers: Sequence[WorkerProcess]) -> Path:
-    """The endpoints list (JSON, or YAML for .yaml/.yml) and its process sidecar."""
+    """The endpoints list (JSON, or YAML for .yaml/.yml) and its process sidecar.
+
+    The endpoints file says "the workers are up" to whoever waits for it, so it comes last, and each
+    file appears whole (written aside, then renamed): once it exists, both can be read."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     endpoints = [{"name": w.name, "base_url": w.base_url, "model": w.model} for w in workers]
     text = yaml.safe_dump(endpoints, sort_keys=False) if path.suffix in (".yaml", ".yml") else json.dumps(endpoints, indent=2)
-    path.write_text(text + ("" if text.endswith("\n") else "\n"))
-    procs_path(path).write_text(json.dumps([asdict(w) for w in workers], indent=2) + "\n")
+    _write_whole(procs_path(path), json.dumps([asdict(w) for w in workers], indent=2) + "\n")
+    _write_whole(path, text + ("" if text.endswith("\n") else "\n"))
     return path
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never a part (rename within a folder is atomic)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def read_endpoints(path: str | Path) -> list[Endpoint]:

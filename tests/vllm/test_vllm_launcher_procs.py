@@ -8,20 +8,23 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
+from pathlib import Path
 
 import pytest
 import yaml
+from testkit import CLI, wait_until
 from vllm_helpers import REPO, fake_config, processes_with
 
 from agentbatch.engines.vllm_workers import (
     WorkerCluster,
+    WorkerProcess,
     WorkersError,
     down_from_file,
     group_alive,
     probe,
     read_endpoints,
+    read_processes,
+    write_endpoints,
 )
 
 
@@ -44,6 +47,28 @@ def test_up_writes_endpoints_and_down_stops_every_process(tmp_path):
     assert set(result.values()) <= {"stopped", "killed"} and len(result) == 2
     assert not any(group_alive(g) for g in pgids)
     assert not any(str(g) in str(processes_with("vllm_fake_server")) for g in pgids)
+
+
+def test_endpoints_file_appears_last_and_whole(tmp_path, monkeypatch):
+    """Whoever waits for the endpoints file (`workers down`, a harness) finds the process file
+    complete beside it and never a half-written file."""
+    workers = [WorkerProcess(f"vllm-{i}", 100 + i, 100 + i, 8000 + i, f"/logs/{i}", f"http://h:{8000 + i}/v1", "m",
+                             ["serve"]) for i in range(2)]
+    target = tmp_path / "endpoints.json"
+    seen: list[str] = []
+    real_replace = os.replace
+
+    def watching_replace(src, dst):  # every file the writer makes visible, in order
+        if Path(dst) == target:
+            assert [p.pid for p in read_processes(target)] == [100, 101]  # the sidecar is already whole
+        seen.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", watching_replace)
+    write_endpoints(target, workers)
+    assert seen == ["endpoints.json.procs.json", "endpoints.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == seen[::-1]  # no temporary file left
+    assert [e.name for e in read_endpoints(target)] == ["vllm-0", "vllm-1"]
 
 
 def test_down_from_file_stops_workers_started_elsewhere(tmp_path):
@@ -80,8 +105,7 @@ def test_a_worker_that_is_never_healthy_times_out(tmp_path):
 
 
 def _cli(*args: str, **kw) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "agentbatch.flows.cli", *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+    return subprocess.Popen([*CLI, *args], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 
 def test_cli_up_foreground_stops_on_ctrl_c_and_list_reports(tmp_path):
@@ -90,13 +114,13 @@ def test_cli_up_foreground_stops_on_ctrl_c_and_list_reports(tmp_path):
     cfg_path.write_text(yaml.safe_dump(cfg.model_dump()))
     proc = _cli("workers", "up", str(cfg_path), "--foreground")
     try:
-        deadline = time.monotonic() + 30
-        while not os.path.exists(cfg.endpoints_file) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert os.path.exists(cfg.endpoints_file), proc.stdout.read() if proc.poll() is not None else "timeout"
+        # `up` writes the process file first and the endpoints file last, each whole: once the
+        # endpoints file exists, both are complete.
+        wait_until(lambda: os.path.exists(cfg.endpoints_file), 60, "the endpoints file",
+                   alive=lambda: proc.poll() is None)
         procs = json.loads((tmp_path / "endpoints.json.procs.json").read_text())
-        listed = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "workers", "list", "--json",
-                                 cfg.endpoints_file], cwd=REPO, capture_output=True, text=True, timeout=60)
+        listed = subprocess.run([*CLI, "workers", "list", "--json", cfg.endpoints_file], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
         assert listed.returncode == 0, listed.stdout + listed.stderr
         rows = json.loads(listed.stdout)
         assert [r["healthy"] for r in rows] == [True, True] and rows[0]["models"] == ["fake-model"]
@@ -111,6 +135,6 @@ def test_cli_up_foreground_stops_on_ctrl_c_and_list_reports(tmp_path):
 
 
 def test_cli_list_of_a_dead_url_fails():
-    r = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "workers", "list", "http://127.0.0.1:9/"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*CLI, "workers", "list", "http://127.0.0.1:9/"], cwd=REPO, capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 1 and "DOWN" in r.stdout
