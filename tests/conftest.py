@@ -7,14 +7,24 @@ parallel test runs do not disturb each other.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
+from testkit import answers, free_port, wait_until
 
 from agentbatch.db.store import Store
 
@@ -101,57 +111,105 @@ def store(db_url) -> Iterator[Store]:
     s.close()
 
 
-def _free_port() -> int:
-    import socket
+# --- one Prefect server for the whole run, shared by every xdist worker -----------------------------------
+# The first worker that needs it starts it (under a file lock); the others reuse it; the controller
+# process (the one without `workerinput`, also a plain non-xdist run) stops it at the end.
+_SHARED_DIR_ENV = "AGENTBATCH_TEST_SHARED_DIR"
+_OWNS_SHARED_DIR = pytest.StashKey[bool]()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and not os.environ.get(_SHARED_DIR_ENV):
+        # Set before xdist starts its workers: they inherit it.
+        os.environ[_SHARED_DIR_ENV] = tempfile.mkdtemp(prefix="agentbatch-tests-")
+        config.stash[_OWNS_SHARED_DIR] = True
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_OWNS_SHARED_DIR, False):
+        shared = Path(os.environ.pop(_SHARED_DIR_ENV))
+        _stop_shared_server(shared)
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _start_server(home: Path) -> dict[str, object]:
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    with open(home / "server.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_until(lambda: answers(f"{url}/health"), 180, f"Prefect server at {url} (log: {home / 'server.log'})",
+                   interval_s=0.2, alive=lambda: proc.poll() is None)
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return {"url": url, "pid": proc.pid}
+
+
+def _shared_server(shared: Path) -> str:
+    """The run's server: started by whoever asks first (under a file lock), then reused."""
+    home = shared / "prefect-home"
+    home.mkdir(exist_ok=True)
+    info_file = shared / "prefect-server.json"
+    with open(shared / "prefect-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not info_file.exists():
+            info_file.write_text(json.dumps(_start_server(home)))
+    url = json.loads(info_file.read_text())["url"]
+    if not answers(f"{url}/health"):
+        raise RuntimeError(f"the tests' Prefect server at {url} is down; see {home / 'server.log'}")
+    return url
+
+
+def _stop_shared_server(shared: Path) -> None:
+    info_file = shared / "prefect-server.json"
+    if not info_file.exists():
+        return
+    pid = json.loads(info_file.read_text())["pid"]
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        # Not our child when a worker started it: poll until its process group is gone.
+        wait_until(lambda: not _group_alive(pid), 20, "Prefect server exit", interval_s=0.1)
+    except ProcessLookupError:
+        return
+    except AssertionError:
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):  # reap it when it is our own child
+        os.waitpid(pgid, os.WNOHANG)
+    return True
 
 
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory) -> Iterator[str]:
-    """A real Prefect server for the session (unless PREFECT_API_URL points at one already).
+def prefect_api() -> Iterator[str]:
+    """A real Prefect server for the run (unless PREFECT_API_URL points at one already).
 
     One server for every flow the tests run, in-process or in subprocesses (they inherit the
-    environment), instead of a temporary server per process: those are slow to start on a loaded
-    2-core machine and lose most task-run records when their process ends.
+    environment), and for every xdist worker, instead of a temporary server per process: those are
+    slow to start on a loaded 2-core machine and lose most task-run records when their process ends.
     """
-    import subprocess
-    import sys
-    import time
-
-    import httpx
-
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    port = _free_port()
-    home = tmp_path_factory.mktemp("prefect-home")
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false"}
-    log = open(home / "server.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    deadline = time.time() + 180
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"Prefect server did not start; see {home / 'server.log'}")
-        time.sleep(0.5)
+    shared = Path(os.environ[_SHARED_DIR_ENV])
+    url = _shared_server(shared)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
     os.environ["PREFECT_API_URL"] = url  # for subprocesses
-    os.environ["PREFECT_HOME"] = str(home)
+    os.environ["PREFECT_HOME"] = str(shared / "prefect-home")
     try:
         with temporary_settings(updates={PREFECT_API_URL: url}):  # for this process (settings are cached)
             yield url
@@ -161,12 +219,6 @@ def prefect_api(tmp_path_factory) -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 # --- CI=true: a skipped test is a failure (a service it needs did not start) ----------------------------

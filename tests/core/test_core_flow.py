@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from testkit import max_overlap
 
 from agentbatch.db.models import Sample, Step
 from agentbatch.db.store import Store
@@ -22,15 +23,6 @@ def config(mode: str = "steps", limit: int = 10, **scheduling) -> BatchConfig:
         "scheduling": {**LIMITS, **scheduling},
         "execution": {"mode": mode},
     })
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
-    live = peak = 0
-    for _, d in events:
-        live += d
-        peak = max(peak, live)
-    return peak
 
 
 def count_task_runs(flow_run_id: str) -> int:

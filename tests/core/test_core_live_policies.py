@@ -13,7 +13,7 @@ import pytest
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
-from test_core_flow import max_overlap  # noqa: I001 - sibling test module
+from testkit import max_overlap
 
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, run_flow

@@ -17,6 +17,7 @@ from gateway_helpers import (
 )
 from openai import AsyncOpenAI
 from plain_openai_harness import run_sample
+from testkit import max_overlap
 
 from agentbatch.dashboards.report import write_report
 from agentbatch.dashboards.summary import summarize
@@ -27,16 +28,6 @@ from agentbatch.environments.bfcl import BfclWorkload
 N_SAMPLES = 50
 MAX_ACTIVE = 12
 PER_WORKER = 3
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at once (an end at the same instant as a start closes first)."""
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals], key=lambda x: (x[0], x[1]))
-    peak = now = 0
-    for _, delta in events:
-        now += delta
-        peak = max(peak, now)
-    return peak
 
 
 def assert_every_call_recorded(samples: dict, by_sample: dict, calls: dict) -> None:

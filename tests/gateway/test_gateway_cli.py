@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -25,6 +22,7 @@ from gateway_helpers import (
 )
 from openai import AsyncOpenAI
 from plain_openai_harness import run_sample
+from testkit import CLI, answers, free_port, wait_until
 
 from agentbatch.db.store import Store
 from agentbatch.environments.bfcl import BfclWorkload
@@ -36,12 +34,6 @@ from agentbatch.flows.config import BatchConfig
 def write_config(path: Path, data: dict) -> Path:
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize(("config", "extra", "expected"), [
@@ -77,20 +69,12 @@ def test_sigterm_ends_the_batch_cleanly(tmp_path):
             "name": "cli-gw", "engine": {"kind": "openai", "params": {"endpoints": [
                 {"name": "w0", "base_url": endpoints[0].base_url, "model": MODEL, "api_key": "sk-secret-123"}]}}})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agentbatch.flows.cli", "gateway", "--config", str(path), "--db", db,
+            [*CLI, "gateway", "--config", str(path), "--db", db,
              "--port", str(port), "--no-prefect", "--no-progress"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(base + "/health").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
+            wait_until(lambda: answers(base + "/health"), 120, "the gateway", alive=lambda: proc.poll() is None)
             r = httpx.post(base + "/v1/chat/completions", headers={"X-Agentbatch-Sample": "t1"}, timeout=60,
                            json={"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
             assert r.status_code == 200

@@ -11,7 +11,7 @@ import time
 import httpx
 from gateway_helpers import gateway_config, serve_gateway, sim_workers
 from mcp import Client
-from test_gateway_bfcl import max_overlap
+from testkit import max_overlap
 
 from agentbatch.db.store import Store
 from agentbatch.environments.mcp_client import McpServerSpec

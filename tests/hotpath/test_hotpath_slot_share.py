@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from testkit import max_overlap
 
 from agentbatch.db.leases import slot_share
 from agentbatch.db.store import Store
@@ -38,16 +39,6 @@ def _join(db: str, batch_id: int) -> subprocess.Popen[str]:
         env={**os.environ, "AGENTBATCH_DB_URL": db},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-
-
-def _max_overlap(intervals: list[tuple[float, float]], after: float) -> int:
-    events = sorted([(max(s, after), 1) for s, e in intervals if e > after] +
-                    [(e, -1) for _, e in intervals if e > after], key=lambda x: (x[0], x[1]))
-    live = peak = 0
-    for _, d in events:
-        live += d
-        peak = max(peak, live)
-    return peak
 
 
 @pytest.mark.postgres
@@ -82,7 +73,7 @@ def test_two_processes_share_the_batch_env_slots(pg_url: str, tmp_path: Path) ->
     env = [(st.started_at, st.finished_at) for st in store.steps(batch_id)
            if st.status == "completed" and st.kind == "environment"]
     assert any(e > settled + 2.0 for _, e in env), "the batch ended before both processes had settled"
-    assert _max_overlap(env, settled) <= 2
+    assert max_overlap(env, after=settled) <= 2
     store.close()
 
 

@@ -6,18 +6,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from testkit import CLI
 
 from agentbatch.db.store import Store
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "toolbench_installed")]
 
-CLI = [sys.executable, "-m", "agentbatch.flows.cli"]
 TASKS = 6  # per suite
 
 

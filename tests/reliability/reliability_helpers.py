@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from testkit import CLI
 
 from agentbatch.db.store import Store
-
-CLI = [sys.executable, "-m", "agentbatch.flows.cli"]
 
 
 def bfcl_config(name: str = "reliability", limit: int = 8, scale: float = 1.0, **extra: Any) -> dict[str, Any]:

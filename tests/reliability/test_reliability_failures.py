@@ -12,16 +12,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import CLI, bfcl_config, cli_env, completions, duplicates, run_cli, write_config
+from reliability_helpers import bfcl_config, cli_env, completions, duplicates, run_cli, write_config
+from testkit import CLI, answers, free_port, wait_until
 
 from agentbatch.db.store import Store
 
@@ -128,26 +129,21 @@ def test_step_timeout_ends_a_blocked_step(tmp_path: Path, sqlite_url: str) -> No
     store.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_sim(port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([*CLI, "serve-sim", "--profile", "tiny-cpu", "--port", str(port), "--time-scale", "0.2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    import httpx
+    try:
+        wait_until(lambda: answers(f"http://127.0.0.1:{port}/health"), 120, "serve-sim",
+                   alive=lambda: proc.poll() is None)
+    except AssertionError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc
 
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("serve-sim did not start")
+
+def _completed(store: Store) -> int:
+    batches = store.list_batches()
+    return store.status_counts(batches[0].id).get("completed", 0) if batches else 0
 
 
 def _run_and_kill_engine(tmp_path: Path, store: Store, sqlite_url: str, port: int,
@@ -160,12 +156,8 @@ def _run_and_kill_engine(tmp_path: Path, store: Store, sqlite_url: str, port: in
     cfg["retries"] = {"environment": 1, "inference": 1, "backoff_s": 0.1}
     args = [*CLI, "run", str(write_config(tmp_path, cfg)), "--no-progress"]
     run = subprocess.Popen(args, env=cli_env(sqlite_url), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and run.poll() is None:
-        batches = store.list_batches()
-        if batches and store.status_counts(batches[0].id).get("completed", 0) >= 3:
-            break
-        time.sleep(0.2)
+    with contextlib.suppress(AssertionError):  # the run ending first shows in the assertions after
+        wait_until(lambda: _completed(store) >= 3, 300, "3 completed samples", alive=lambda: run.poll() is None)
     os.killpg(server.pid, signal.SIGKILL)
     server.wait()
     out = run.communicate(timeout=600)[0]
@@ -173,7 +165,7 @@ def _run_and_kill_engine(tmp_path: Path, store: Store, sqlite_url: str, port: in
 
 
 def test_engine_dies_then_retry_runs_only_the_failed_samples(tmp_path: Path, sqlite_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     store = Store(sqlite_url)
     first = _run_and_kill_engine(tmp_path, store, sqlite_url, port, _serve_sim(port))
     assert first.returncode == 1, first.stdout

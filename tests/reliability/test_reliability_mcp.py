@@ -160,7 +160,8 @@ def test_kill_during_external_step_then_resume_refunds_once(tmp_path: Path, sqli
     import subprocess
 
     import yaml
-    from reliability_helpers import CLI, cli_env, run_cli
+    from reliability_helpers import cli_env, run_cli
+    from testkit import CLI
 
     server = {"name": "ledger", "command": sys.executable,
               "args": [str(HERE / "ledger_server.py"), "--state", str(tmp_path / "ledger.json")]}

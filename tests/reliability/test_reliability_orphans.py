@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import CLI, bfcl_config, write_config
+from reliability_helpers import bfcl_config, write_config
+from testkit import CLI
 
 
 def children(pid: int) -> list[int]:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from testkit import max_overlap
 
 from agentbatch.sim.profiles import CostModel, EngineProfile
 from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig, simulate
@@ -32,15 +33,6 @@ def trace() -> Trace:
     return generate("mcp_like", 40, seed=11)
 
 
-def _peak(starts: np.ndarray, ends: np.ndarray) -> int:
-    ev = sorted([(t, 1) for t in starts] + [(t, -1) for t in ends], key=lambda x: (x[0], x[1]))
-    cur = peak = 0
-    for _, d in ev:
-        cur += d
-        peak = max(peak, cur)
-    return peak
-
-
 def test_same_trace_twice_gives_identical_results(trace: Trace) -> None:
     cfg = CONFIGS["traj_caas"]
     a, b = simulate(trace, cfg), simulate(trace, cfg)
@@ -60,13 +52,13 @@ def test_limits_scores_and_bound(trace: Trace, name: str) -> None:
     assert len(steps) == trace.num_steps  # every recorded step ran exactly once
     assert list(samples["score"]) == [s.score for s in trace.samples]  # scores are the recording's
     env = steps[steps.kind == "environment"]
-    assert _peak(env.started_at.to_numpy(), env.finished_at.to_numpy()) <= cfg.env_slots
+    assert max_overlap(zip(env.started_at, env.finished_at, strict=True)) <= cfg.env_slots
     limit = min(cfg.max_active, cfg.env_slots) if cfg.coupled else cfg.max_active
-    assert _peak(samples.admitted_at.to_numpy(), samples.finished_at.to_numpy()) <= limit
+    assert max_overlap(zip(samples.admitted_at, samples.finished_at, strict=True)) <= limit
     inflight = cfg.per_worker_inflight or 256
     inf = steps[steps.kind == "inference"]
     for _, w in inf.groupby("worker"):
-        assert _peak(w.started_at.to_numpy(), w.finished_at.to_numpy()) <= inflight
+        assert max_overlap(zip(w.started_at, w.finished_at, strict=True)) <= inflight
     # recorded durations are replayed exactly
     durations = {(s.index, st.index): st.duration_s for s in trace.samples for st in s.environment_steps}
     got = {(int(a), int(b)): f - s for a, b, s, f in env[["sample_id", "index", "started_at", "finished_at"]]
@@ -82,7 +74,7 @@ def test_coupled_env_steps_never_wait_and_decoupled_admits_more(trace: Trace) ->
     env = coupled[coupled.kind == "environment"]
     assert (env.started_at == env.enqueued_at).all()  # the sample holds its slot
     dec = simulate(trace, CONFIGS["decoupled_rr"]).samples_frame()
-    assert _peak(dec.admitted_at.to_numpy(), dec.finished_at.to_numpy()) > CONFIGS["coupled_rr"].env_slots
+    assert max_overlap(zip(dec.admitted_at, dec.finished_at, strict=True)) > CONFIGS["coupled_rr"].env_slots
 
 
 def test_trajectory_routing_keeps_prefixes(trace: Trace) -> None:

@@ -11,9 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
+from testkit import free_port, wait_until
 
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
 from agentbatch.environments.mcp_env import McpWorkload, parse_call
@@ -144,23 +144,19 @@ def test_dead_per_sample_server_is_a_failure_then_rebuilt() -> None:
     assert old != new
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_streamable_http_server() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([*([PROBE["command"]] + PROBE["args"]), "--http", f"127.0.0.1:{port}"])
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                time.sleep(0.2)
+        wait_until(lambda: _listens(port), 30, f"the MCP server on port {port}", alive=lambda: proc.poll() is None)
 
         async def main():
             conn = McpConnection(McpServerSpec(name="http", url=f"http://127.0.0.1:{port}/mcp"))

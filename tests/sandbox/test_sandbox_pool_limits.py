@@ -9,21 +9,13 @@ import threading
 import time
 
 import pytest
+from testkit import max_overlap
 
 from agentbatch.environments.docker_pool import DockerPool, list_labelled
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 SAMPLES, CONTAINERS, EXECS = 50, 8, 4
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    live = peak = 0
-    for _, d in events:  # an end sorts before a start at the same instant
-        live += d
-        peak = max(peak, live)
-    return peak
 
 
 def test_pool_never_exceeds_its_limits(docker_client, batch_label: str) -> None:

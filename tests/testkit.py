@@ -1,0 +1,69 @@
+"""Helpers shared by the test folders (importable as `testkit`: pytest puts tests/ on sys.path).
+
+Each one is written once here; a test folder's own helpers live in `<folder>/<folder>_helpers.py`.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# The CLI as a subprocess runs it (the same interpreter and environment as the tests).
+CLI = [sys.executable, "-m", "agentbatch.flows.cli"]
+
+
+def max_overlap(intervals: Iterable[tuple[float, float]], after: float | None = None) -> int:
+    """Most intervals open at once; an end at the same instant as a start closes first.
+
+    With `after`, only the part of each interval later than `after` counts (a steady state after a
+    ramp-up)."""
+    spans = [(s, e) for s, e in intervals if after is None or e > after]
+    if after is not None:
+        spans = [(max(s, after), e) for s, e in spans]
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on at the moment of asking."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str) -> bool:
+    """True when a GET of `url` answers 200 (a server's health page), False while nothing listens."""
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_until(check: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05,
+               alive: Callable[[], bool] | None = None) -> T:
+    """Poll `check` until it returns something truthy and return that; fail naming `what` after
+    `timeout_s`, or at once when `alive` (e.g. "the subprocess still runs") turns false.
+
+    For conditions no event announces (a file another process writes, rows in a database); the
+    poll interval is short, so the test goes on as soon as the condition holds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if alive is not None and not alive():
+            raise AssertionError(f"gave up waiting for {what}: the process it needs has ended")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout_s:.0f} s")
+        time.sleep(interval_s)
