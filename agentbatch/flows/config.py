@@ -28,7 +28,8 @@ from pydantic import (
 )
 
 from agentbatch.protocols.plugins import Plugin, PluginError, resolve
-from agentbatch.scheduling.defaults import DEFAULTS
+from agentbatch.scheduling.admission_order import AdmissionOrder
+from agentbatch.scheduling.defaults import DEFAULTS, AdmissionControl
 
 if TYPE_CHECKING:
     from agentbatch.scheduling.registry import PolicySpec
@@ -88,16 +89,16 @@ class SchedulingConfig(_Strict):
         "resume) and rebalanced at each lease renewal (a shared sandbox cluster or a tool API's rate limit)",
     )
     coupled: bool = Field(DEFAULTS.coupled, description="baseline: a sample holds an environment slot while admitted")
-    admission_order: Literal["arrival", "longest_prior_first", "longest_tail_first", "kv_balanced"] = Field(
-        DEFAULTS.admission_order,  # type: ignore[arg-type]
+    admission_order: AdmissionOrder = Field(
+        DEFAULTS.admission_order,
         description="order samples are admitted in: as listed, or longest recorded chain (earlier batches "
         "of the same task ids) first, unknown ones after, or only the longest tenth first and the rest as "
         "listed, or kv_balanced: longest first while the contexts the admitted chains reach fit in the "
         "engines' KV cache (virtual time with context priors; run has none yet and orders longest first); "
         "the same as arrival when there is no history",
     )
-    admission_control: Literal["adaptive", "static"] = Field(
-        DEFAULTS.admission_control,  # type: ignore[arg-type]
+    admission_control: AdmissionControl = Field(
+        DEFAULTS.admission_control,
         description="adaptive: the admission limit starts at max_active_samples and follows the engines' "
         "measured pressure (backs off on KV thrash, grows back while the GPU idles; above the start only "
         "once as many samples as the start have finished with almost no recompute, where the engines "

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
 from agentbatch.scheduling.types import SampleProgress
 
 LONG_TAIL_SHARE = 0.1  # "longest_tail_first": the share of samples (with a prior) admitted first
-ADMISSION_ORDERS = ("arrival", "longest_prior_first", "longest_tail_first", "kv_balanced")
+AdmissionOrder = Literal["arrival", "longest_prior_first", "longest_tail_first", "kv_balanced"]
+ADMISSION_ORDERS: tuple[AdmissionOrder, ...] = get_args(AdmissionOrder)
 
 
 @dataclass(frozen=True, slots=True)

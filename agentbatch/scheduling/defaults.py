@@ -11,8 +11,12 @@ admission control starting at the reference concurrency.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-ADMISSION_CONTROLS = ("adaptive", "static")
+from agentbatch.scheduling.admission_order import AdmissionOrder
+
+AdmissionControl = Literal["adaptive", "static"]
+ADMISSION_CONTROLS: tuple[AdmissionControl, ...] = get_args(AdmissionControl)
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,14 +25,14 @@ class SchedulingDefaults:
     env_slots: int = 8  # environment actions running at once
     per_worker_inflight: int = 16  # inference requests in flight per engine worker
     coupled: bool = False  # True = baseline: a sample holds an environment slot while admitted
-    admission_order: str = "longest_prior_first"  # or "arrival"
+    admission_order: AdmissionOrder = "longest_prior_first"
     env_queue: str = "caas_history"  # rank "total"; without priors it orders as plain "caas"
     inference_queue: str = "fifo"
     router: str = "trajectory_aware"
     priority: str = "chain_progress"
     # "adaptive": the admission limit starts at max_active_samples and follows measured pressure
     # (scheduling/admission_control.py); "static": it stays there
-    admission_control: str = "adaptive"
+    admission_control: AdmissionControl = "adaptive"
 
 
 DEFAULTS = SchedulingDefaults()

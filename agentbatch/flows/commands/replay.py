@@ -21,7 +21,7 @@ from typing import Any
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
 from agentbatch.scheduling.admission_order import ADMISSION_ORDERS
-from agentbatch.scheduling.defaults import DEFAULTS
+from agentbatch.scheduling.defaults import ADMISSION_CONTROLS, DEFAULTS
 
 POLICY_KINDS = ("router", "env_queue", "inference_queue", "priority")
 
@@ -64,7 +64,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
                    help="baseline: a sample holds an environment slot while admitted")
     g.add_argument("--admission-order", choices=ADMISSION_ORDERS, default=DEFAULTS.admission_order,
                    help="as listed, or longest prior chain first (priors from --priors; none: as listed)")
-    g.add_argument("--admission-control", choices=("adaptive", "static"), default=DEFAULTS.admission_control,
+    g.add_argument("--admission-control", choices=ADMISSION_CONTROLS, default=DEFAULTS.admission_control,
                    help="adaptive: the admission limit starts at --max-active and follows the engines' pressure; "
                    "static: it stays there")
     queues = " | ".join(sorted(registry.QUEUE_POLICIES))
