@@ -8,18 +8,20 @@
 (c) "coupled at slots (paper)": the paper's baseline: coupled at the configured slots, FIFO,
     round-robin routing.
 "Session affinity" is the trajectory-aware router (a sample's calls go back to the worker holding
-its prefix unless that worker is overloaded). All run with a static admission limit and no priors.
+its prefix unless that worker is overloaded). All run with a static admission limit and no priors. They are candidates of the policy portfolio
+(agentbatch/scheduling/portfolio.py), defined there once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from agentbatch.sim.virtual_time import PolicySpec, VirtualConfig
+from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES, COUPLED_BEST, COUPLED_PAPER, FIFO_ALL
+from agentbatch.sim.portfolio import candidate_config
+from agentbatch.sim.virtual_time import VirtualConfig
 
-COUPLED_BEST = "coupled, best limit"
-FIFO_ALL = "decoupled FIFO, all admitted"
-COUPLED_PAPER = "coupled at slots (paper)"
+__all__ = ["COUPLED_BEST", "COUPLED_PAPER", "FIFO_ALL", "Baseline", "Comparison", "baselines", "compare",
+           "coupled_limits"]
 
 
 @dataclass(frozen=True)
@@ -29,19 +31,20 @@ class Baseline:
 
 
 def coupled_limits(env_slots: int) -> list[int]:
-    return sorted({max(1, env_slots // 4), max(1, env_slots // 2), env_slots})
+    """The coupled sweep's admission limits for `env_slots` (the portfolio's S/4, S/2, S)."""
+    return sorted({c.admission_limit(samples=env_slots, env_slots=env_slots, n_ref=env_slots)
+                   for c in BUILTIN_CANDIDATES if c.baseline == COUPLED_BEST})
 
 
 def baselines(base: VirtualConfig, samples: int) -> list[Baseline]:
-    """The three baselines for the hardware and slots of `base` (its workers, profile, env_slots)."""
-    paper = replace(base, coupled=True, max_active=base.env_slots, per_worker_inflight=None,
-                    router=PolicySpec("round_robin"), env_queue=PolicySpec("fifo"),
-                    inference_queue=PolicySpec("fifo"), priority=PolicySpec("fcfs"), priors=None,
-                    admission_order="arrival", admission_control="static")  # fmt: skip
-    affinity = replace(paper, router=PolicySpec("trajectory_aware"))
-    sweep = [replace(affinity, max_active=n) for n in coupled_limits(base.env_slots)]
-    fifo_all = replace(affinity, coupled=False, max_active=max(1, samples))
-    return [Baseline(COUPLED_BEST, sweep), Baseline(FIFO_ALL, [fifo_all]), Baseline(COUPLED_PAPER, [paper])]
+    """The three baselines for the hardware and slots of `base` (its workers, profile, env_slots):
+    the baseline candidates of the portfolio (scheduling/portfolio.py), grouped."""
+    out = []
+    for group in (COUPLED_BEST, FIFO_ALL, COUPLED_PAPER):
+        members = [c for c in BUILTIN_CANDIDATES if c.baseline == group]
+        configs = [candidate_config(c, base, samples=samples, n_ref=base.max_active) for c in members]
+        out.append(Baseline(group, configs))
+    return out
 
 
 @dataclass(frozen=True)

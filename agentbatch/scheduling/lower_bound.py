@@ -4,13 +4,18 @@ LB = max(longest chain at zero contention, inference work / inference capacity,
 environment work / environment slots). Each term is a valid bound on its own: a chain's steps
 run one after another; the workers and the environment slots cannot do more than their combined
 capacity per second. Callers decide how they measure work (see the parameters).
+
+`window_bound` is the tighter bound beside it: it charges the chains and the capacity jointly
+(a resource cannot be busy before the samples reach it nor after they leave it).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 # Order used to break ties in `binding`: a chain-bound batch cannot be helped by more hardware,
 # so it is reported first when terms are equal.
@@ -79,3 +84,33 @@ def _divide(work: float, capacity: float) -> float:
     if work == 0:
         return 0.0
     return work / capacity if capacity > 0 else math.inf
+
+
+def window_bound(heads: Sequence[float], works: Sequence[float], tails: Sequence[float], capacity: float,
+                 overhead: Callable[[np.ndarray], np.ndarray] | None = None) -> float:
+    """A tighter bound on one resource: the work of every sample lies between its head and its tail.
+
+    Sample i cannot use the resource before `heads[i]` (the steps of its chain before its first use,
+    at zero contention) nor after makespan - `tails[i]` (the steps after its last use). So for any
+    set J of samples the resource must do their work `works` in [min head, makespan - min tail]:
+    makespan >= min_J head + sum_J work / capacity + min_J tail (Jackson's bound with release and
+    delivery times, preemption allowed, hence a bound for any schedule). The best J for given
+    thresholds (head >= a, tail >= b) holds every sample meeting them (more work only raises the
+    bound), so trying every pair of thresholds finds the maximum. `overhead(order)` may add work
+    that depends on the set: given sample indices, it returns for each prefix order[:k+1] the work
+    beyond `works` that set needs (e.g. per-iteration costs of its tokens); it must not shrink as the
+    set grows. O(n^2 log n)."""
+    h = np.asarray(heads, dtype=float)
+    w = np.asarray(works, dtype=float)
+    t = np.asarray(tails, dtype=float)
+    if not (len(h) == len(w) == len(t)) or len(h) == 0 or capacity <= 0:
+        return 0.0
+    best = 0.0
+    for a in np.unique(h):
+        idx = np.flatnonzero(h >= a)
+        order = idx[np.argsort(-t[idx], kind="stable")]  # tails descending: J = a prefix of `order`
+        work = np.cumsum(w[order])
+        if overhead is not None:
+            work = work + overhead(order)
+        best = max(best, float(np.max(a + work / capacity + t[order])))
+    return best

@@ -147,6 +147,14 @@ class _Running:
     worker: int = -1  # engine index for inference on the engine model
 
 
+class SimulationCut(Exception):
+    """A simulation stopped at its `stop_after_s`: the makespan is above `at_s`."""
+
+    def __init__(self, at_s: float) -> None:
+        super().__init__(f"stopped at {at_s:.1f}s of virtual time")
+        self.at_s = at_s
+
+
 @dataclass
 class RawResult:
     steps: list[tuple]  # STEP_FIELDS rows (tuples: they become a DataFrame)
@@ -414,15 +422,20 @@ class VirtualBatch:
             self._submit(s, ticket, 0.0)
         self._drain(0.0)
 
-    def run(self) -> RawResult:
+    def run(self, stop_after_s: float | None = None) -> RawResult:
+        """Simulate to the end; with `stop_after_s`, raise `SimulationCut` as soon as the virtual
+        clock passes it (the makespan is known to be larger: a candidate that cannot win)."""
         self._admit_all()
         heap = self._heap
+        stop = float("inf") if stop_after_s is None else stop_after_s
         handlers: dict[str, Callable[[Any, float], None]] = {
             "iter_start": self._iter_start, "iter_end": lambda a, t: self._iter_end(a[0], a[1], t),
             "step_end": self._step_end, "advance": self._advance,
         }  # fmt: skip
         while heap:
             now, _, _, kind, arg = heapq.heappop(heap)
+            if now > stop:
+                raise SimulationCut(now)
             self._events += 1
             handlers[kind](arg, now)
             self._drain(now)

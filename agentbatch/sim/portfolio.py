@@ -1,0 +1,179 @@
+"""Choosing a policy by simulating the portfolio (`scheduling.policy: auto`).
+
+Every candidate of the portfolio (agentbatch/scheduling/portfolio.py, the baselines among them) is
+simulated in virtual time on each member of an ensemble: the batch's own tasks with the best
+priors available (with history: the chain lengths and contexts an earlier run of the same tasks
+reached; without: traces drawn from the workload's declared or observed distribution), on the
+configured engines and slots. `choose` then picks by the minimax rule. Simulations that can no
+longer win are cut as soon as their virtual clock passes the makespan they would need (a bound,
+not an estimate: a cut run's makespan is known to be larger), which keeps deciding cheap.
+
+Plugins add candidates through the entry-point group `agentbatch.candidates`: an entry point names
+a `Candidate` or a sequence of them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache
+from importlib.metadata import entry_points
+from typing import Any
+
+from agentbatch.scheduling.portfolio import Candidate, Choice, applicable, candidates, choose
+from agentbatch.sim.virtual_time.simulation import PolicySpec, SimulationCut, VirtualBatch, VirtualConfig
+from agentbatch.traces.schema import Trace
+
+CANDIDATE_GROUP = "agentbatch.candidates"
+BASELINE_SLACK = 1.25  # a baseline is cut at this multiple of the member's best baseline so far
+
+
+@cache
+def plugin_candidates() -> tuple[Candidate, ...]:
+    """Candidates added by installed packages (entry points of `agentbatch.candidates`)."""
+    out: list[Candidate] = []
+    for ep in sorted(entry_points(group=CANDIDATE_GROUP), key=lambda e: e.name):
+        obj = ep.load()
+        items = [obj] if isinstance(obj, Candidate) else list(obj)
+        for c in items:
+            if not isinstance(c, Candidate):
+                raise TypeError(f"entry point {ep.name} = {ep.value} ({CANDIDATE_GROUP}) must give Candidate "
+                                f"objects, got {type(c).__name__}")
+            out.append(c)
+    return tuple(out)
+
+
+def portfolio() -> list[Candidate]:
+    """The registry: built-in candidates, then the plugins'."""
+    return candidates(plugin_candidates())
+
+
+@dataclass(frozen=True)
+class Member:
+    """One ensemble member: a trace of the batch's tasks and the priors its candidates get."""
+
+    trace: Trace
+    priors: dict[str, float] | None = None  # task id -> expected chain steps
+    context_priors: dict[str, float] | None = None  # task id -> context reached (kv_balanced)
+
+
+def candidate_config(c: Candidate, base: VirtualConfig, *, samples: int, n_ref: int,
+                     priors: dict[str, float] | None = None,
+                     context_priors: dict[str, float] | None = None) -> VirtualConfig:
+    """The virtual-time config of a candidate on the hardware and slots of `base`."""
+    with_priors = c.uses_priors and priors
+    return replace(
+        base, coupled=c.coupled, per_worker_inflight=None,
+        max_active=c.admission_limit(samples=samples, env_slots=base.env_slots, n_ref=n_ref),
+        env_queue=PolicySpec(c.env_queue, dict(c.env_queue_params)), inference_queue=PolicySpec(c.inference_queue),
+        router=PolicySpec(c.router), priority=PolicySpec(c.priority), admission_order=c.admission_order,
+        admission_control=c.admission_control, priors=dict(priors) if with_priors else None,
+        context_priors=dict(context_priors) if with_priors and context_priors else None,
+    )  # fmt: skip
+
+
+@dataclass
+class Decision:
+    """What `decide` found: the choice, each candidate's predicted makespans (one per member; inf
+    where cut) and where a cut one stopped, and the wall time spent deciding."""
+
+    choice: Choice
+    candidates: list[Candidate]
+    predictions: dict[str, list[float]]
+    cut_at: dict[str, list[float]] = field(default_factory=dict)
+    decide_s: float = 0.0
+    members: int = 1
+    simulations: int = 0
+
+    @property
+    def chosen(self) -> Candidate:
+        return next(c for c in self.candidates if c.name == self.choice.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run summary's `policy` section (summary.json, the store, the report, the artifact)."""
+        rows = []
+        for c in self.candidates:
+            preds = self.predictions[c.name]
+            rows.append({
+                "name": c.name, "baseline": c.baseline,
+                "predicted_makespan_s": [None if math.isinf(x) else round(x, 3) for x in preds],
+                "cut_above_s": [round(x, 3) if x else None for x in self.cut_at.get(c.name, [0.0] * len(preds))],
+                "score": None if math.isinf(self.choice.scores[c.name]) else round(self.choice.scores[c.name], 4),
+            })  # fmt: skip
+        return {
+            "mode": "auto", "chosen": self.choice.name, "score": round(self.choice.score, 4),
+            "fallback": self.choice.fallback, "fallback_score": round(self.choice.fallback_score, 4),
+            "rule": self.choice.rule, "members": self.members, "simulations": self.simulations,
+            "decide_s": round(self.decide_s, 3), "candidates": rows,
+        }  # fmt: skip
+
+
+def decide(members: Sequence[Member], base: VirtualConfig, *, n_ref: int,
+           pool: Sequence[Candidate] | None = None, margin: float = 0.01) -> Decision:
+    """Simulate the portfolio on every member and choose (module docstring)."""
+    if not members:
+        raise ValueError("decide needs at least one ensemble member")
+    start = time.perf_counter()
+    has_priors = all(m.priors for m in members)
+    pool = applicable(pool if pool is not None else portfolio(), has_priors)
+    run = _Runner(members, base, n_ref)
+    run.all(pool, margin)
+    choice = choose(run.pred, pool, margin)
+    return Decision(choice, list(pool), run.pred, run.cut_at, time.perf_counter() - start, len(members), run.sims)
+
+
+class _Runner:
+    """Runs candidates on the members, cutting those that cannot win."""
+
+    def __init__(self, members: Sequence[Member], base: VirtualConfig, n_ref: int) -> None:
+        self.members, self.base, self.n_ref = members, base, n_ref
+        self.pred: dict[str, list[float]] = {}
+        self.cut_at: dict[str, list[float]] = {}
+        self.sims = 0
+
+    def _one(self, c: Candidate, m: Member, stop: float | None) -> tuple[float, float]:
+        cfg = candidate_config(c, self.base, samples=len(m.trace.samples), n_ref=self.n_ref, priors=m.priors,
+                               context_priors=m.context_priors)  # fmt: skip
+        self.sims += 1
+        try:
+            return VirtualBatch(m.trace, cfg).run(stop_after_s=stop).makespan_s, 0.0
+        except SimulationCut as cut:
+            return math.inf, cut.at_s
+
+    def all(self, pool: Sequence[Candidate], margin: float) -> None:
+        """The baselines first (they fix the best baseline of each member), then the others in
+        order, each cut where it could no longer beat the best score so far."""
+        bases = [c for c in pool if c.baseline]
+        for c in bases:
+            self.baseline(c)
+        best_base = [min(self.pred[c.name][m] for c in bases) for m in range(len(self.members))]
+        threshold = (1 - margin) * min(max(t / b for t, b in zip(self.pred[c.name], best_base, strict=True))
+                                       for c in bases)  # fmt: skip
+        for c in pool:
+            if not c.baseline:
+                threshold = min(threshold, self.other(c, best_base, threshold))
+
+    def baseline(self, c: Candidate) -> None:
+        """Every member, each cut at BASELINE_SLACK x the best baseline there so far."""
+        preds, cuts = [], []
+        for i, m in enumerate(self.members):
+            done = [p[i] for n, p in self.pred.items() if len(p) > i]
+            stop = BASELINE_SLACK * min(done) if done and math.isfinite(min(done)) else None
+            t, at = self._one(c, m, stop)
+            preds.append(t)
+            cuts.append(at)
+        self.pred[c.name], self.cut_at[c.name] = preds, cuts
+
+    def other(self, c: Candidate, best_base: list[float], threshold: float) -> float:
+        """Member by member, each cut where its ratio to the best baseline would reach `threshold`
+        (it could not win there); once cut, the other members are not simulated. Returns its score
+        (worst ratio to the best baseline; inf when cut)."""
+        preds, cuts = [math.inf] * len(self.members), [0.0] * len(self.members)
+        for i, m in enumerate(self.members):
+            preds[i], cuts[i] = self._one(c, m, threshold * best_base[i])
+            if math.isinf(preds[i]):
+                break
+        self.pred[c.name], self.cut_at[c.name] = preds, cuts
+        return max(t / b for t, b in zip(preds, best_base, strict=True))
