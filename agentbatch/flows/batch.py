@@ -106,13 +106,14 @@ def admission_todo(config: BatchConfig, store: Store, batch_id: int, todo: list[
     # batch so that its summary says where they came from (db/history.py).
     priors = dict(pinned) if pinned is not None else suite_priors(
         store, batch_id, [s.task_id for s in todo]).lengths
-    progress = [SampleProgress(sample_id=i, task_id=s.task_id, arrival_seq=i, prior_chain_steps=priors.get(s.task_id))
+    progress = [SampleProgress(sample_id=s.id, task_id=s.task_id, arrival_seq=i, prior_chain_steps=priors.get(s.task_id))
                 for i, s in enumerate(todo)]  # fmt: skip
     if config.scheduling.admission_order == "kv_balanced":
         log.warning("admission_order kv_balanced needs context priors and the engines' KV capacity, "
                     "which live batches do not have yet: admitting longest recorded chain first")
     ordered = admission_sequence(progress, config.scheduling.admission_order)
-    return AdmissionPlan([todo[p.sample_id] for p in ordered], priors)
+    by_id = {s.id: s for s in todo}
+    return AdmissionPlan([by_id[p.sample_id] for p in ordered], priors)
 
 
 @dataclass(eq=False)

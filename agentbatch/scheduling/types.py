@@ -17,11 +17,18 @@ class StepKind(enum.StrEnum):
 
 @dataclass(slots=True)
 class SampleProgress:
-    """What a policy may observe of a sample while it runs."""
+    """What a policy may observe of a sample while it runs.
+
+    `sample_id` is a key: unique among the samples one scheduling core sees, and stable while the
+    sample runs. The core, the routers and the grant log use it only to tell samples apart, never
+    as a position or a store row. Each driver picks its own: the live runner the sample's store row
+    id, virtual time its trace index, the gateway its arrival number in this process (the row is
+    written later).
+    """
 
     sample_id: int
     task_id: str
-    arrival_seq: int  # admission order, used to break ties
+    arrival_seq: int  # the order the core admitted it in (set at admission; breaks CAAS ties)
     steps_done: int = 0
     attained_s: float = 0.0  # service time received so far (inference + environment)
     prior_chain_steps: float | None = None  # expected total steps, from earlier batches
