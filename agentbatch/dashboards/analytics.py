@@ -29,6 +29,7 @@ PHASES = ("inference_queue", "prefill", "decode", "environment_queue", "environm
           "orchestration")
 WAIT_PHASES = ("admission", "inference_queue", "environment_queue", "retries", "orchestration")
 DONE_STATES = ("completed", "failed")
+DEAD_GAP_S = 10.0  # this long with no step of any sample queued, running or retrying: the batch was stopped
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,54 @@ class BatchAnalysis:
         out["retries"] = retry_s.reindex(out.index, fill_value=0.0) if not retry.empty else zero
         explained = out[["inference_queue", "prefill", "decode", "environment_queue", "environment_exec",
                          "retries"]].sum(axis=1)
-        out["orchestration"] = (out["latency_s"] - explained).clip(lower=0).fillna(0.0)
+        out["dead"] = self._dead_overlap(sm["admitted_at"], end)
+        if self.t0 is not None:  # waiting for admission while the batch was stopped is dead time too
+            out["admission_s"] -= self._dead_overlap(pd.Series(self.t0, index=sm.index), sm["admitted_at"])
+        out["orchestration"] = (out["latency_s"] - explained - out["dead"]).clip(lower=0).fillna(0.0)
         return out
+
+    def _dead_overlap(self, start: pd.Series, end: pd.Series) -> pd.Series:
+        total = pd.Series(0.0, index=start.index)
+        for g0, g1 in self.dead_gaps:
+            total += (np.minimum(end, g1) - np.maximum(start, g0)).clip(lower=0).fillna(0.0)
+        return total
+
+    # --- stopped and resumed batches -----------------------------------------------------------
+    @cached_property
+    def dead_gaps(self) -> list[tuple[float, float]]:
+        """Stretches of at least DEAD_GAP_S between the first step and the end in which no step of any
+        sample was queued, running, waiting to retry, or being scored: the batch's process was gone
+        (killed, then resumed). Time no schedule spent, so it is kept out of the phases and ratios."""
+        st = self.steps
+        if st.empty or self.t_end is None:
+            return []
+        end = st["finished_at"].fillna(st["started_at"])
+        # A failed attempt waits (backoff) until the next attempt of its step is queued: busy, not dead.
+        nxt = st.sort_values(["sample_id", "index", "attempt"]).groupby(["sample_id", "index"])["enqueued_at"].shift(-1)
+        end = end.where(st["status"] != "failed", np.fmax(end, nxt.reindex(st.index)))
+        last_step = end.groupby(st["sample_id"]).max()  # scoring: last step -> sample finished
+        sm = self.samples.set_index("id")
+        starts = np.concatenate([st["enqueued_at"].to_numpy(), last_step.to_numpy()])
+        ends = np.concatenate([end.to_numpy(), sm["finished_at"].reindex(last_step.index).to_numpy()])
+        ok = np.isfinite(starts) & np.isfinite(ends)
+        order = np.argsort(starts[ok], kind="stable")
+        s, e = starts[ok][order], np.maximum.accumulate(ends[ok][order])
+        gaps = np.nonzero(s[1:] - e[:-1] >= DEAD_GAP_S)[0]
+        return [(float(e[i]), float(s[i + 1])) for i in gaps]
+
+    @cached_property
+    def dead_s(self) -> float:
+        return float(sum(g1 - g0 for g0, g1 in self.dead_gaps))
+
+    @cached_property
+    def resumed(self) -> bool:
+        """Stopped and resumed: dead time, or attempts a dead process left behind (`abandoned`)."""
+        return self.dead_s > 0 or bool((self.steps["status"] == "abandoned").any())
+
+    @cached_property
+    def active_s(self) -> float | None:
+        """Makespan without the dead time: what two runs' schedules are compared on."""
+        return None if self.makespan_s is None else self.makespan_s - self.dead_s
 
     # --- headline figures ----------------------------------------------------------------------
     def tail_s(self, q: float) -> float | None:

@@ -97,7 +97,7 @@ def completion_png(analyses: list[BatchAnalysis], path: Path) -> Path:
 
 def phases_png(analyses: list[BatchAnalysis], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(max(5.0, 2.2 * len(analyses) + 3), 4))
-    names = [f"batch {a.data.batch_id}" for a in analyses]
+    names = [a.data.title for a in analyses]
     bottom = np.zeros(len(analyses))
     for p in PHASES:
         vals = np.array([a.phases[p] for a in analyses])

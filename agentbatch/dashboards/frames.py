@@ -6,6 +6,7 @@ float epoch seconds, as stored.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,17 @@ class BatchData:
     steps: pd.DataFrame  # one row per step attempt
     workers: pd.DataFrame = field(default_factory=pd.DataFrame)  # name, kind
     heartbeat_at: float | None = None  # last beat of the running process (flows/progress.py)
+    source: str = ""  # the store it came from, when not the report's own store (a compared batch)
+
+    @property
+    def title(self) -> str:
+        """"batch 3", or "batch 3@runs/b.sqlite" for a batch of another store."""
+        return f"batch {self.batch_id}" + (f"@{self.source}" if self.source else "")
+
+    @property
+    def key(self) -> str:
+        """The title as a name for HTML ids and files: digits, letters and dashes."""
+        return re.sub(r"[^A-Za-z0-9]+", "-", self.title.removeprefix("batch ")).strip("-")
 
 
 def _normalize(samples: pd.DataFrame, steps: pd.DataFrame) -> None:

@@ -43,14 +43,14 @@ def group_line(scores: dict[str, GroupScore], label: str = "  by group      ") -
     return label + "; ".join(g.text() for g in scores.values())
 
 
-def compare_lines(batches: list[tuple[int, dict[str, GroupScore]]]) -> list[str]:
+def compare_lines(batches: list[tuple[str, dict[str, GroupScore]]]) -> list[str]:
     """One line per group: its mean score in each batch, the first batch as the reference."""
     groups = sorted({g for _, scores in batches for g in scores})
     lines = []
     for g in groups:
         cells = []
-        for batch_id, scores in batches:
+        for title, scores in batches:  # "batch 3"
             s = scores.get(g)
-            cells.append(f"batch {batch_id} {'-' if s is None or s.mean is None else f'{s.mean:.3f}'}")
+            cells.append(f"{title} {'-' if s is None or s.mean is None else f'{s.mean:.3f}'}")
         lines.append(f"  group {g}: " + ", ".join(cells))
     return lines

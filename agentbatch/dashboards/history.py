@@ -18,11 +18,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from sqlalchemy import select
 
 from agentbatch.dashboards.analytics import BatchAnalysis
+from agentbatch.dashboards.charts_html import chart, line
 from agentbatch.dashboards.frames import load_batch
 from agentbatch.db import history as db_history
 from agentbatch.db.models import Sample
@@ -311,37 +310,35 @@ def diff_with_previous(store: Store, batch_id: int, *, threshold: float = 0.0,
 # --- the report's history section ---------------------------------------------------------------
 
 
-def history_figure(runs: list[RunFigures]) -> go.Figure:
-    x = [f"{r.batch_id} {r.tag}" for r in runs]
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
-    fig.add_trace(go.Scatter(x=x, y=[r.score for r in runs], name="mean score", mode="lines+markers"),
-                  secondary_y=False)
-    fig.add_trace(go.Scatter(x=x, y=[r.makespan_s for r in runs], name="makespan (s)", mode="lines+markers",
-                             line={"dash": "dot"}), secondary_y=True)
-    fig.update_yaxes(title_text="mean score", secondary_y=False)
-    fig.update_yaxes(title_text="makespan (s)", rangemode="tozero", secondary_y=True)
-    fig.update_layout(title="Runs of this suite: score and makespan", height=360, xaxis_title="batch, tag",
-                      margin={"t": 50, "b": 40})
-    return fig
+def history_charts(runs: list[RunFigures]) -> list[dict[str, Any]]:
+    """Score and makespan over the suite's runs (x: the run's position, labelled batch and tag)."""
+    x = list(range(len(runs)))
+    return [chart("chart-history-score", "Runs of this suite: mean score", "line",
+                  [line(x, [r.score for r in runs], "mean score", "#1F77B4", markers=1),
+                   line(x, [r.score for r in runs], "mean score", "#1F77B4")],
+                  xlabel="run, oldest first (the table below names them)", ylabel="mean score", height=260),
+            chart("chart-history-makespan", "Runs of this suite: makespan", "line",
+                  [line(x, [r.makespan_s for r in runs], "makespan (s)", "#FF7F0E", markers=1),
+                   line(x, [r.makespan_s for r in runs], "makespan (s)", "#FF7F0E")],
+                  xlabel="run", ylabel="seconds", height=260)]
 
 
-def history_section_html(store: Store, batch_id: int, limit: int = HISTORY_RUNS) -> str:
-    """The report's "History" section: the suite's runs up to this batch (table and chart)."""
+def history_section_html(store: Store, batch_id: int, limit: int = HISTORY_RUNS) -> tuple[str, list[dict[str, Any]]]:
+    """The report's "History" section: the suite's runs up to this batch (table and charts)."""
     key = db_history.ensure_suite_row(store, batch_id).suite_key
     runs = suite_history(store, key, limit=limit, up_to=batch_id)
     parts = [f"<h2>History (suite {html.escape(key)})</h2>"]
     if len(runs) < 2:
         parts.append("<p>First run of this suite: nothing to compare yet. `agentbatch history` lists a "
                      "suite's runs, `agentbatch diff A B` compares two.</p>")
-        return "".join(parts)
+        return "".join(parts), []
     parts.append(f"<p>{len(runs)} run(s) of the same workload and task ids, oldest first.</p>")
-    fig = history_figure(runs)
-    parts.append('<div class="chart">' + fig.to_html(full_html=False, include_plotlyjs=False, div_id="chart-history",
-                                                     config={"displaylogo": False, "responsive": True}) + "</div>")
+    charts = history_charts(runs)
+    parts += [f'<div class="chart" id="{c["id"]}"></div>' for c in charts]
     table = history_table(runs)
     parts.append(table.to_html(classes="figures", float_format=lambda x: f"{x:.4g}", na_rep="-", border=0,
                                index=False))
-    return "".join(parts)
+    return "".join(parts), charts
 
 
 # --- the scheduled run's Prefect artifact --------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +53,7 @@ def _lookup(config: dict[str, Any], path: str) -> Any:
 
 def policies_table(analyses: list[BatchAnalysis]) -> pd.DataFrame:
     """One column per batch: the schedule-deciding settings it ran with."""
-    cols = {f"batch {a.data.batch_id}": [_lookup(a.data.config, path) for _, path in POLICY_FIELDS]
+    cols = {a.data.title: [_lookup(a.data.config, path) for _, path in POLICY_FIELDS]
             for a in analyses}
     table = pd.DataFrame(cols, index=[label for label, _ in POLICY_FIELDS]).astype(object)
     return table.where(table.notna(), "-")
@@ -65,7 +66,7 @@ def config_diff(analyses: list[BatchAnalysis]) -> pd.DataFrame:
     rows = {k: [json.dumps(f.get(k), default=str) if k in f else "(absent)" for f in flat] for k in keys}
     diff = {k: v for k, v in rows.items() if len(set(v)) > 1}
     return pd.DataFrame.from_dict(diff, orient="index",
-                                  columns=[f"batch {a.data.batch_id}" for a in analyses])
+                                  columns=[a.data.title for a in analyses])
 
 
 def failed_samples(a: BatchAnalysis, limit: int = MAX_FAILED_ROWS) -> pd.DataFrame:
@@ -204,17 +205,36 @@ def config_html(analyses: list[BatchAnalysis]) -> str:
                      "these runs are run-to-run noise.</p>"))
     for a in analyses:
         text = json.dumps(a.data.config, indent=1, sort_keys=True, default=str)
-        parts.append(f"<details><summary>full config of batch {a.data.batch_id}</summary>"
+        parts.append(f"<details><summary>full config of {html.escape(a.data.title)}</summary>"
                      f"<pre>{html.escape(text)}</pre></details>")
     return _section("config", "Config and policies", "".join(parts))
 
 
-def failed_html(analyses: list[BatchAnalysis]) -> str:
+def linked_table(df: pd.DataFrame, table_id: str, column: str, href: Callable[[Any], str]) -> str:
+    """A table whose `column` cells link to `href(value)` (a sample's transcript page); every other
+    cell is escaped text."""
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "-" if v != v else f"{v:.4g}"
+        return html.escape(str(v))
+
+    shown = df.map(cell)
+    shown[column] = [f'<a href="{html.escape(href(v))}">{html.escape(str(v))}</a>' for v in df[column]]
+    return shown.to_html(classes="figures", escape=False, border=0, table_id=table_id, index=False)
+
+
+def failed_html(analyses: list[BatchAnalysis], page: Callable[[BatchAnalysis, int], str] | None = None) -> str:
+    """The failed samples of each batch; with `page`, each sample id links to its transcript page."""
     parts = []
     for a in analyses:
         df = failed_samples(a)
-        head = f"<h3>batch {a.data.batch_id}: {int((a.samples['status'] == 'failed').sum())} failed</h3>"
-        parts.append(head + (_table(df, f"failed-{a.data.batch_id}") if not df.empty else "<p>None.</p>"))
+        head = f"<h3>{html.escape(a.data.title)}: {int((a.samples['status'] == 'failed').sum())} failed</h3>"
+        if df.empty:
+            parts.append(head + "<p>None.</p>")
+        elif page is None:
+            parts.append(head + _table(df, f"failed-{a.data.key}"))
+        else:
+            parts.append(head + linked_table(df, f"failed-{a.data.key}", "sample", lambda sid, a=a: page(a, int(sid))))
     return _section("failed-samples", "Failed samples and why", "".join(parts))
 
 
@@ -223,10 +243,10 @@ def scores_html(analyses: list[BatchAnalysis]) -> str:
     for a in analyses:
         groups = group_scores(a)
         if not groups.empty:
-            parts.append(f"<h3>batch {a.data.batch_id}: per group</h3>" + _table(groups, f"groups-{a.data.batch_id}"))
+            parts.append(f"<h3>{html.escape(a.data.title)}: per group</h3>" + _table(groups, f"groups-{a.data.key}"))
         tasks = task_scores(a)
         note = f" (lowest {MAX_TASK_ROWS})" if len(tasks) == MAX_TASK_ROWS else ""
-        parts.append(f"<h3>batch {a.data.batch_id}: per task{note}</h3>"
+        parts.append(f"<h3>{html.escape(a.data.title)}: per task{note}</h3>"
                      f"<details open><summary>{len(tasks)} task ids, lowest score first</summary>"
-                     f"{_table(tasks, f'tasks-{a.data.batch_id}')}</details>")
+                     f"{_table(tasks, f'tasks-{a.data.key}')}</details>")
     return _section("scores", "Scores per group and per task", "".join(parts))

@@ -35,6 +35,17 @@ class BatchSummary:
     critical: list[CriticalSample] = field(default_factory=list)
     priors: str | None = None  # chain-length priors the batch was admitted with (db/history.py)
     group_scores: dict[str, GroupScore] = field(default_factory=dict)  # by task group (dashboards/groups.py)
+    dead_s: float = 0.0  # time the batch was stopped (analytics.dead_gaps), inside the makespan
+    resumed: bool = False
+    source: str = ""  # the store, when not the report's own (frames.BatchData.source)
+
+    @property
+    def title(self) -> str:
+        return f"batch {self.batch_id}" + (f"@{self.source}" if self.source else "")
+
+    @property
+    def active_s(self) -> float | None:
+        return None if self.makespan_s is None else self.makespan_s - self.dead_s
 
     @property
     def lb_ratio(self) -> float | None:
@@ -48,7 +59,8 @@ class BatchSummary:
         row: dict[str, float | int | str | None] = {
             "batch": self.batch_id, "name": self.name, "status": self.status,
             "samples": self.samples_total, "completed": self.samples_completed, "failed": self.samples_failed,
-            "makespan_s": self.makespan_s, "lower_bound_s": lb.value if lb else None,
+            "makespan_s": self.makespan_s, "active_s": self.active_s, "dead_s": self.dead_s,
+            "resumed": self.resumed, "lower_bound_s": lb.value if lb else None,
             "lb_binding": lb.binding if lb else None, "makespan_over_lb": self.lb_ratio,
             "tail_90_s": self.tail_90_s, "tail_99_s": self.tail_99_s,
             "latency_p50_s": self.latency_p50_s, "latency_p99_s": self.latency_p99_s,
@@ -59,18 +71,24 @@ class BatchSummary:
         row.update({f"phase_{k}_s": v for k, v in self.phases.items()})
         return row
 
-    def to_text(self) -> str:
-        lines = [f"batch {self.batch_id} ({self.name}): {self.status}, "
-                 f"{self.samples_completed}/{self.samples_total} completed, {self.samples_failed} failed"]
+    def _makespan_lines(self) -> list[str]:
         lb = self.lower_bound
         if self.makespan_s is None:
-            lines.append("  makespan      -  (no sample admitted yet)")
-        else:
-            lb_txt = (f"lower bound {lb.value:.1f} s ({lb.binding}-bound: chain {lb.longest_chain_s:.1f}, "
-                      f"inference {lb.inference_bound_s:.1f}, environment {lb.environment_bound_s:.1f})"
-                      if lb else "lower bound -")
-            ratio = f", ratio {self.lb_ratio:.2f}" if self.lb_ratio is not None else ""
-            lines.append(f"  makespan      {self.makespan_s:.1f} s; {lb_txt}{ratio}")
+            return ["  makespan      -  (no sample admitted yet)"]
+        lb_txt = (f"lower bound {lb.value:.1f} s ({lb.binding}-bound: chain {lb.longest_chain_s:.1f}, "
+                  f"inference {lb.inference_bound_s:.1f}, environment {lb.environment_bound_s:.1f})"
+                  if lb else "lower bound -")
+        ratio = f", ratio {self.lb_ratio:.2f}" if self.lb_ratio is not None else ""
+        lines = [f"  makespan      {self.makespan_s:.1f} s; {lb_txt}{ratio}"]
+        if self.resumed:
+            lines.append(f"  resumed       stopped and resumed: {self.dead_s:.1f} s dead (no step queued or "
+                         f"running), active {self.makespan_s - self.dead_s:.1f} s")
+        return lines
+
+    def to_text(self) -> str:
+        lines = [f"{self.title} ({self.name}): {self.status}, "
+                 f"{self.samples_completed}/{self.samples_total} completed, {self.samples_failed} failed"]
+        lines += self._makespan_lines()
         lines.append(f"  tail          90 % -> last {_s(self.tail_90_s)}, 99 % -> last {_s(self.tail_99_s)}; "
                      f"latency p50 {_s(self.latency_p50_s)}, p99 {_s(self.latency_p99_s)}")
         total = sum(self.phases.values())
@@ -123,6 +141,9 @@ def summary_from_analysis(a: BatchAnalysis) -> BatchSummary:
         worker_utilisation=a.worker_utilisation if a.t0 is not None else {},
         critical=a.critical_samples(5),
         group_scores=group_scores(a.samples.itertuples()),
+        dead_s=a.dead_s,
+        resumed=a.resumed,
+        source=a.data.source,
     )
 
 

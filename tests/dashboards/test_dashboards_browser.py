@@ -1,5 +1,6 @@
-"""The written report renders in a real headless Chromium: plotly draws every chart, the screenshot
-is not blank and the console shows no errors. Needs Debian's chromium (.ci/setup_chromium.sh)."""
+"""The written report renders in a real headless Chromium: its script draws every chart, the
+screenshot is not blank, the console shows no errors, the sample list filters, and transcripts open.
+Needs Debian's chromium (.ci/setup_chromium.sh)."""
 
 from __future__ import annotations
 
@@ -36,12 +37,13 @@ def test_charts_drawn_without_console_errors(report, tmp_path):
     r = render(report, dump_dom=True)
     assert r.returncode == 0, r.stderr[-2000:]
     dom = r.dom
-    chart_divs = re.findall(r'<div id="(chart-[a-z0-9-]+)"', report.read_text())
+    chart_divs = re.findall(r'<div class="chart" id="(chart-[a-z0-9-]+)"', report.read_text())
     assert len(chart_divs) >= 8
-    # plotly replaces each placeholder div with a plot container holding its main svg.
-    assert dom.count('class="main-svg"') >= len(chart_divs)
-    assert dom.count("plot-container") >= len(chart_divs)
-    assert 'class="bars"' in dom or "trace bars" in dom  # the Gantt and phase bars were drawn
+    # the script fills each placeholder div with an SVG holding the chart's series
+    for chart_id in chart_divs:
+        m = re.search(rf'<div class="chart" id="{chart_id}">(.*?)<div class="legend">', dom, re.S)
+        assert m and 'class="chart-svg"' in m.group(1) and 'class="series' in m.group(1), chart_id
+    assert 'class="series bars"' in dom  # the Gantt and phase bars were drawn
     assert r.console_errors == []
 
 

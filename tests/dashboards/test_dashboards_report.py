@@ -59,13 +59,23 @@ def test_write_report_files(store, tmp_path):
     index = write_report(store, [a, b], tmp_path / "rep")
     assert index == tmp_path / "rep" / "index.html"
     page = index.read_text()
-    # Self-contained: plotly.js inline, no external scripts or stylesheets.
-    assert "Plotly" in page and len(page) > 1_000_000
+    # Self-contained and light: the page's own script and its data, no chart library, nothing external.
+    assert "Plotly" not in page and len(page) < 100_000
     assert not re.search(r'<script[^>]+src=', page)
     assert not re.search(r'<link[^>]+href="https?:', page)
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S)[1])
+    specs = {c["id"]: c for c in data["charts"]}
     for chart in ("chart-completion", "chart-latency", "chart-utilisation-0", "chart-utilisation-1",
                   "chart-active", "chart-phases", "chart-gantt-0", "chart-gantt-1", "chart-env-compare"):
-        assert f'id="{chart}"' in page
+        assert f'id="{chart}"' in page and chart in specs
+    # the completion curve of batch a: (0, 0), then its four finish times (s from t0) and fractions
+    done = specs["chart-completion"]["series"][0]
+    assert done["x"] == [0, 1, 8.5, 12, 14] and done["y"] == [0, 0.25, 0.5, 0.75, 1]
+    # the sample list: one column per field, four samples per batch, each with its transcript page
+    first = data["samples"][0]
+    assert first["cols"]["task"] == ["t0", "t1", "t2", "t3"] and first["cols"]["retries"] == [0, 1, 0, 0]
+    for sid in first["cols"]["id"]:
+        assert (index.parent / f"{first['pages']}{sid}.html").is_file()
     assert "Scores agree" in page
     for png in ("gantt.png", "utilisation.png", "tail.png", "phases.png"):
         img = Image.open(index.parent / png).convert("RGB")

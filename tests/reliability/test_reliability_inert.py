@@ -69,7 +69,7 @@ def test_report_runs_no_injected_script(tmp_path: Path) -> None:
     assert "Content-Security-Policy" in text and "unsafe-inline'; img" not in text.split("script-src")[1][:50]
     rendered = render(page, dump_dom=True)
     assert rendered.returncode == 0, rendered.stderr[-2000:]
-    assert "main-svg" in rendered.dom  # the report's own scripts ran (plotly drew)
+    assert 'class="chart-svg"' in rendered.dom  # the report's own script ran (it drew the charts)
     assert pwned(rendered.dom) == []
 
     # Markup that got past the escaping (inserted raw here) is still blocked by the policy.
@@ -77,7 +77,7 @@ def test_report_runs_no_injected_script(tmp_path: Path) -> None:
     smuggled.write_text(text.replace("<body>", "<body>" + HOSTILE[0] + HOSTILE[1] + HOSTILE[2], 1))
     rendered = render(smuggled, dump_dom=True)
     assert rendered.returncode == 0, rendered.stderr[-2000:]
-    assert "main-svg" in rendered.dom
+    assert 'class="chart-svg"' in rendered.dom
     assert pwned(rendered.dom) == [], "the Content-Security-Policy let an injected script run"
 
 

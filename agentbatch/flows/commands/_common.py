@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
+from collections.abc import Callable
 
 from agentbatch.flows.commands._inputs import db_url_arg
 
@@ -29,6 +31,27 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
         "--db", metavar="URL", default=None, type=db_url_arg,
         help="store URL (default: $AGENTBATCH_DB_URL, else sqlite file $AGENTBATCH_DB_PATH or ./agentbatch.sqlite)",
     )
+
+
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE: what a command killed by a closed pipe returns
+
+
+def quiet_on_closed_pipe(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A read-only command whose reader went away (`agentbatch status 3 | head`) stops quietly: no
+    BrokenPipeError traceback, neither now nor when Python flushes stdout at exit."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            code = func(args)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the exit-time flush writes nowhere instead of failing
+            return EXIT_CLOSED_PIPE
+
+    return run
 
 
 def fail(message: str, code: int = EXIT_USAGE) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from agentbatch.flows.commands._common import add_db_option, fail
+from agentbatch.flows.commands._common import add_db_option, fail, quiet_on_closed_pipe
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=20, help="latest runs shown per suite (default 20)")
     p.add_argument("--json", action="store_true", help="print JSON")
     add_db_option(p)
-    p.set_defaults(func=main)
+    p.set_defaults(func=quiet_on_closed_pipe(main))
 
 
 def _list_suites(store: object, as_json: bool) -> int:

@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from agentbatch.flows.commands._common import EXIT_USAGE, add_db_option, fail
+from agentbatch.flows.commands._common import EXIT_USAGE, add_db_option, fail, quiet_on_closed_pipe
 
 if TYPE_CHECKING:
     from agentbatch.db.store import Store
@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--watch", type=float, default=None, metavar="SECONDS",
                    help="print again every SECONDS until the batch is done (Ctrl-C stops)")
     add_db_option(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=quiet_on_closed_pipe(run))
 
 
 def open_store_or_explain(url: str | None, command: str) -> Store | None:
