@@ -13,11 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from agentbatch.protocols.engine import ChatRequest, ChatResult
-
-
-class EngineFailure(Exception):
-    """The endpoint failed (connection, HTTP 5xx, malformed answer): the step may be retried."""
+from agentbatch.protocols.engine import ChatRequest, ChatResult, EngineFailure
 
 
 class OpenAIEngine:

@@ -18,7 +18,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
-from agentbatch.protocols.environment import EnvironmentFailure
+from agentbatch.protocols.environment import EnvironmentFailure, EnvironmentUnreachable
 
 
 @dataclass(slots=True)
@@ -125,9 +125,10 @@ class McpConnection:
 
     async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """One tool call. isError results and JSON-RPC errors of a live server come back as results
-        (tool errors); a dead server, a broken transport or no answer raise `EnvironmentFailure`."""
+        (tool errors); a dead server, a broken transport or no answer raise `EnvironmentFailure`
+        (`EnvironmentUnreachable` when the call was not sent: the server is not running)."""
         if not self.alive or self._loop is None:
-            raise EnvironmentFailure(f"MCP server {self.spec.name!r} is not running")
+            raise EnvironmentUnreachable(f"MCP server {self.spec.name!r} is not running")
         fut = asyncio.run_coroutine_threadsafe(self._client.call_tool(name, arguments), self._loop)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.call_timeout_s + 5)

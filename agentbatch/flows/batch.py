@@ -44,7 +44,6 @@ from agentbatch.tasks.coordinator import Coordinator, counters_from_workers
 from agentbatch.tasks.prefect_steps import prefect_step_executor, run_sample_visible
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 from agentbatch.tasks.step_events import StepEvents
-from agentbatch.tasks.steps import RetryPolicy
 
 log = logging.getLogger("agentbatch.batch")
 
@@ -184,7 +183,7 @@ def batch_context(store: Store, batch_id: int, config: BatchConfig, workload: An
     return BatchContext(
         store=store, batch_id=batch_id, workload=workload, engines={e.name: e for e in engines},
         coordinator=coordinator, writer=StepWriter(store),
-        retry=RetryPolicy(config.retries.environment, config.retries.inference, config.retries.backoff_s),
+        retry=config.retries.policy(),
         max_steps=config.limits.max_steps, step_timeout_s=config.limits.step_timeout_s,
         on_commit=events.record if events is not None else None,
     )

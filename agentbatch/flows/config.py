@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from agentbatch.protocols.plugins import Plugin, PluginError, resolve
+from agentbatch.protocols.retry import RetryPolicy
 from agentbatch.scheduling.admission_order import AdmissionOrder
 from agentbatch.scheduling.defaults import DEFAULTS, AdmissionControl
 
@@ -130,6 +131,10 @@ class RetryConfig(_Strict):
     environment: int = Field(2, ge=0, le=100, description="retries of an environment step after an infrastructure error")
     inference: int = Field(2, ge=0, le=100, description="retries of an inference step after an engine error")
     backoff_s: float = Field(0.5, ge=0, le=3600, description="first retry delay; doubles each retry")
+
+    def policy(self) -> RetryPolicy:
+        """The retry rule these settings parametrise (`protocols/retry.py`)."""
+        return RetryPolicy(environment=self.environment, inference=self.inference, backoff_s=self.backoff_s)
 
 
 class ExecutionConfig(_Strict):

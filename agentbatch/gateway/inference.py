@@ -10,7 +10,6 @@ through as they arrive). Each attempt is an inference step row.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,9 +23,11 @@ from agentbatch.gateway.forward import StreamAccumulator, is_answer, outcome_of
 from agentbatch.gateway.identity import inference_sample_key
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
 from agentbatch.gateway.state import GatewayState, HeldSlot, acquire_step, release_step
+from agentbatch.protocols.engine import EngineFailure
+from agentbatch.protocols.retry import Call, StepFailed
 from agentbatch.scheduling.types import StepKind
 
-SendResult = tuple[httpx.Response | None, str | None]  # (response, error when none came)
+SendResult = tuple[httpx.Response | None, str | None]  # (response, error when the retries ran out)
 
 
 def error_response(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
@@ -49,30 +50,36 @@ def request_record(sample: GatewaySample, body: dict[str, Any], priority: int | 
 
 
 async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any], record: dict[str, Any]) -> SendResult:
-    """POST to the chosen worker (response opened as a stream), retrying connection errors and
-    HTTP 5xx; every attempt is a step row. The error is set when no response came."""
+    """POST to the chosen worker (response opened as a stream); connection errors and HTTP 5xx are
+    engine failures, retried by the one retry rule (`protocols/retry.py`); every attempt is a step
+    row. When the retries run out the error is set (with the worker's last 5xx answer, if any)."""
     worker = held.ticket.worker
     assert worker is not None
     client = state.pool.clients[worker]
-    delays = [state.settings.backoff_s * 2**i for i in range(state.settings.retries)]
-    for attempt in range(len(delays) + 1):
+    last: list[httpx.Response] = []  # the last 5xx answer, read and closed
+
+    async def attempt(n: int) -> httpx.Response:
         state.recorder.begin(held.start(state.batch_id, record, state.clock()))
-        last = attempt == len(delays)
         try:
             resp = await client.send(client.build_request("POST", "/chat/completions", json=body), stream=True)
         except httpx.HTTPError as exc:
             error = f"{worker}: {exc.__class__.__name__}: {exc}"
             state.recorder.fail(held.key, error, state.clock())
-            if last:
-                return None, error
-        else:
-            if resp.status_code < 500 or last:
-                return resp, None
-            await resp.aread()
-            await resp.aclose()
-            state.recorder.fail(held.key, f"{worker}: HTTP {resp.status_code}: {resp.text[:300]}", state.clock())
-        await asyncio.sleep(delays[attempt])
-    raise AssertionError("unreachable")
+            raise EngineFailure(error) from exc
+        if resp.status_code < 500:
+            return resp
+        await resp.aread()
+        await resp.aclose()
+        error = f"{worker}: HTTP {resp.status_code}: {resp.text[:300]}"
+        state.recorder.fail(held.key, error, state.clock())
+        last[:] = [resp]
+        raise EngineFailure(error)
+
+    try:
+        return await state.settings.retry.run(Call(StepKind.INFERENCE, f"inference step {held.ticket.step_index}"),
+                                              attempt), None
+    except StepFailed as exc:
+        return (last[0] if last else None), str(exc.__cause__ or exc)
 
 
 def _done(state: GatewayState, held: HeldSlot, *, completed: bool, answered: bool = False) -> None:
@@ -181,8 +188,10 @@ def chat_completions(state: GatewayState) -> Callable[[Request], Any]:
         priority = state.coordinator.request_priority(sample.progress)
         forward = state.pool.body_for(worker, body, priority=priority, user=key)
         resp, error = await _send(state, held, forward, request_record(sample, body, priority))
-        if resp is None:
+        if error is not None:  # retries ran out: the attempts are recorded as failed
             _done(state, held, completed=False)
+            if resp is not None:  # the worker's own 5xx answer
+                return Response(resp.content, status_code=resp.status_code, media_type="application/json")
             return error_response(502, f"worker {worker} unreachable: {error}", "BadGatewayError")
         if body.get("stream") and resp.status_code < 400:
             return _stream(state, held, resp, bool((body.get("stream_options") or {}).get("include_usage")))

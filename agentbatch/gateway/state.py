@@ -17,6 +17,7 @@ from agentbatch.db.gateway_records import StepKey, StepStart
 from agentbatch.gateway.forward import WorkerPool
 from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.gateway.samples import GatewaySample, SampleRegistry
+from agentbatch.protocols.retry import RetryPolicy
 from agentbatch.scheduling.types import StepKind, StepTicket
 from agentbatch.tasks.coordinator import Coordinator
 
@@ -25,8 +26,7 @@ from agentbatch.tasks.coordinator import Coordinator
 class GatewaySettings:
     idle_timeout_s: float = 300.0  # an admitted sample without a step for this long ends
     end_on_answer: bool = True  # an answer without tool calls ends the sample
-    retries: int = 2  # retries of an inference request after a connection error or HTTP 5xx
-    backoff_s: float = 0.5  # first retry delay; doubles each retry
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # inference requests and tool calls
     request_timeout_s: float = 600.0  # per request to a worker
     call_timeout_s: float = 600.0  # per tool call to an upstream MCP server
     metrics_interval_s: float = 2.0  # how often workers' /metrics are scraped (0: never)

@@ -5,12 +5,15 @@ prefix, `server__tool`; `agentbatch_*` harness tools stay hidden, as in the mcp 
 call of a sample is admitted like any step of that sample, waits for an environment slot (the
 queue ordered by the configured policy, CAAS by default, with the progress the sample made on
 both gateways), goes to its upstream, and is recorded as an environment step. Tool errors the
-upstream reports are passed back as they are; an upstream that fails or does not answer gives an
-isError result and a failed step.
+upstream reports are passed back as they are. A call is tried again (after the dead upstream is
+started again) only when it cannot have reached the tool, or the tool consents (`protocols/retry.py`):
+a call that may have run is never repeated blindly. An upstream that fails or does not answer gives an
+isError result and a failed step per attempt.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,11 +21,17 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 
 from agentbatch.db.store import StepOutcome
-from agentbatch.environments.mcp_client import McpServerSpec, result_text
-from agentbatch.environments.mcp_env import HIDDEN_PREFIX, Toolset, open_toolset
+from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
+from agentbatch.environments.mcp_env import (
+    HIDDEN_PREFIX,
+    IDEMPOTENCY_KEY,
+    Toolset,
+    open_toolset,
+    reconnect_dead,
+)
 from agentbatch.gateway.identity import tool_sample_key
 from agentbatch.gateway.state import GatewayState, acquire_step, release_step
-from agentbatch.protocols.environment import EnvironmentFailure
+from agentbatch.protocols.retry import Call, Effects, StepFailed
 from agentbatch.scheduling.types import StepKind
 
 
@@ -36,6 +45,7 @@ class ToolGateway:
         self.state = state
         self.toolset: Toolset | None = None
         self.tools: list[types.Tool] = []
+        self._reconnecting = asyncio.Lock()
 
     async def start(self) -> None:
         if not self.specs:
@@ -65,11 +75,11 @@ class ToolGateway:
         return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
 
     async def call(self, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """One tool call of sample `key`, through the environment-slot gate."""
+        """One tool call of sample `key`, through the environment-slot gate; retried only where the
+        retry rule allows a call with outside effects (`_call_of`)."""
         route = self.toolset.route.get(name) if self.toolset else None
         if route is None or route[1].startswith(HIDDEN_PREFIX):
             return _error_result(f"unknown tool {name!r}")
-        conn, upstream_name = route
         state = self.state
         sample = await state.registry.enter(key)
         try:
@@ -77,25 +87,50 @@ class ToolGateway:
         except BaseException:
             state.registry.leave(sample)
             raise
-        record = {"tool": name, "server": conn.spec.name, "arguments": arguments}
-        state.recorder.begin(held.start(state.batch_id, record, state.clock()))
         result: types.CallToolResult | None = None
-        try:
-            result = await conn.call(upstream_name, arguments)
+
+        async def attempt(n: int) -> types.CallToolResult:
+            if n > 1:
+                await self._reconnect()
+            conn, upstream_name = self._route(name)
+            record = {"tool": name, "server": conn.spec.name, "arguments": arguments}
+            state.recorder.begin(held.start(state.batch_id, record, state.clock()))
+            try:
+                out = await conn.call(upstream_name, arguments)
+            except BaseException as exc:
+                state.recorder.fail(held.key, f"{exc.__class__.__name__}: {exc}", state.clock())
+                raise
             # Stamped before the slot is given back: recorded intervals never overlap more than the slots.
-            state.recorder.complete(held.key, held.kind, _outcome(result, held.slot), state.clock())
-        except EnvironmentFailure as exc:
-            state.recorder.fail(held.key, str(exc), state.clock())
+            state.recorder.complete(held.key, held.kind, _outcome(out, held.slot), state.clock())
+            return out
+
+        try:
+            result = await state.settings.retry.run(self._call_of(name, arguments), attempt)
+        except StepFailed as exc:
             state.counters.tool_failures += 1
-            return _error_result(f"tool {name!r} failed: {exc}")
-        except BaseException as exc:
-            state.recorder.fail(held.key, f"{exc.__class__.__name__}: {exc}", state.clock())
-            raise
+            return _error_result(f"tool {name!r} failed: {exc.__cause__ or exc}")
         finally:
             release_step(state, held, completed=result is not None)
             state.registry.leave(sample)
             state.counters.tool_calls += 1
         return result
+
+    def _call_of(self, name: str, arguments: dict[str, Any]) -> Call:
+        """The call as the retry rule sees it: its effects land upstream, so a failure after it was sent
+        is retried only when the tool consents. The hook for that consent: a tool that takes an
+        idempotency key, called with one (the upstream recognises the repeat)."""
+        idempotent = self.toolset is not None and name in self.toolset.idempotent and IDEMPOTENCY_KEY in arguments
+        return Call(StepKind.ENVIRONMENT, f"tool call {name!r}", Effects.EXTERNAL, idempotent=idempotent)
+
+    def _route(self, name: str) -> tuple[McpConnection, str]:
+        assert self.toolset is not None
+        return self.toolset.route[name]
+
+    async def _reconnect(self) -> None:
+        """Start again the upstreams that died (calls in flight on the others are kept)."""
+        async with self._reconnecting:
+            if self.toolset is not None and not all(c.alive for c in self.toolset.connections):
+                self.toolset = await reconnect_dead(self.toolset, self.state.settings.call_timeout_s)
 
 
 def _outcome(result: types.CallToolResult, slot: str) -> StepOutcome:

@@ -38,6 +38,11 @@ class ChatResult:
     finish_reason: str = "stop"
 
 
+class EngineFailure(Exception):
+    """The engine could not answer (connection, HTTP 5xx, a malformed answer): the request may be
+    retried (`protocols/retry.py`). Engines raise it, not their HTTP client's own errors."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """One engine worker (or a client of one). `name` identifies the worker in the store."""

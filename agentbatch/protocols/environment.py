@@ -83,7 +83,13 @@ class EnvResult:
 
 
 class EnvironmentFailure(Exception):
-    """An infrastructure failure of the environment (not a tool error): may be retried."""
+    """An infrastructure failure of the environment (not a tool error): the step may be retried
+    (`protocols/retry.py`)."""
+
+
+class EnvironmentUnreachable(EnvironmentFailure):
+    """The call never reached the environment (no connection, server not running): retrying it
+    cannot apply a side effect twice."""
 
 
 @runtime_checkable

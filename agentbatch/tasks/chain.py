@@ -14,12 +14,13 @@ from typing import Any
 
 from agentbatch.db.models import Sample, SampleStatus
 from agentbatch.protocols.engine import Message
-from agentbatch.protocols.environment import Environment, EnvironmentFailure, TaskSpec, recorded_turns
+from agentbatch.protocols.environment import Environment, TaskSpec, recorded_turns
+from agentbatch.protocols.retry import Call, Effects, StepFailed
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
 from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.env_thread import off_the_loop
-from agentbatch.tasks.steps import SampleRun, StepFailed, execute_step
+from agentbatch.tasks.steps import SampleRun, execute_step
 
 log = logging.getLogger(__name__)
 
@@ -72,21 +73,15 @@ async def run_sample(
 
 
 async def _score(batch: BatchContext, env: Environment) -> dict[str, Any]:
-    """Score the sample; scoring errors (any exception: scoring has no side effects) are retried as
-    environment steps are, under the step timeout, and then fail the sample with StepFailed."""
-    delays = batch.retry.delays(StepKind.ENVIRONMENT)
-    for attempt in range(len(delays) + 1):
-        try:
-            async with asyncio.timeout(batch.step_timeout_s):
-                result = await env.score()
-            return {**result, "score": float(result["score"])}
-        except Exception as exc:
-            if attempt == len(delays):
-                raise StepFailed(f"scoring failed after {attempt + 1} attempt(s): "
-                                 f"{exc.__class__.__name__}: {exc}") from exc
-            log.info("scoring failed (%s: %s); retrying", exc.__class__.__name__, exc)
-            await asyncio.sleep(delays[attempt])
-    raise AssertionError("unreachable")
+    """Score the sample under the step timeout; scoring has no side effects, so any error is
+    retried (as many times as an environment step), then fails the sample with StepFailed."""
+
+    async def attempt(n: int) -> dict[str, Any]:
+        async with asyncio.timeout(batch.step_timeout_s):
+            result = await env.score()
+        return {**result, "score": float(result["score"])}
+
+    return await batch.retry.run(Call(StepKind.ENVIRONMENT, "scoring", Effects.NONE), attempt)
 
 
 async def _finish(batch: BatchContext, sample_id: int, *, score: float | None, result: dict[str, Any] | None,
@@ -104,19 +99,14 @@ async def _start(
     """Reset the environment and rebuild the sample from the store, retrying infrastructure
     failures (an image that is missing, an engine that is down) as environment steps are; when the
     retries run out the sample fails, not the batch."""
-    delays = batch.retry.delays(StepKind.ENVIRONMENT)
-    for attempt in range(len(delays) + 1):
-        try:
-            run = SampleRun(sample_id, task, env, AgentState.start(await env.reset(task)), progress)
-            if not fresh:  # a sample never admitted before has nothing recorded: skip the read
-                await _rebuild(batch, run)
-            return run
-        except EnvironmentFailure as exc:
-            if attempt == len(delays):
-                raise StepFailed(f"environment could not start after {attempt + 1} attempt(s): {exc}") from exc
-            log.info("sample %s: environment start failed (%s); retrying", sample_id, exc)
-            await asyncio.sleep(delays[attempt])
-    raise AssertionError("unreachable")
+
+    async def attempt(n: int) -> SampleRun:
+        run = SampleRun(sample_id, task, env, AgentState.start(await env.reset(task)), progress)
+        if not fresh:  # a sample never admitted before has nothing recorded: skip the read
+            await _rebuild(batch, run)
+        return run
+
+    return await batch.retry.run(Call(StepKind.ENVIRONMENT, f"sample {sample_id}: environment start"), attempt)
 
 
 async def _rebuild(batch: BatchContext, run: SampleRun) -> None:

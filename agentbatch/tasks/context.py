@@ -10,16 +10,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 from agentbatch.protocols.engine import Engine
 from agentbatch.protocols.environment import EnvironmentFactory
+from agentbatch.protocols.retry import RetryPolicy
 from agentbatch.tasks.coordinator import Coordinator
-
-if TYPE_CHECKING:
-    from agentbatch.tasks.steps import RetryPolicy
 
 StepHook = Callable[[dict[str, Any]], None]
 

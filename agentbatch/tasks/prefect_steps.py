@@ -29,11 +29,12 @@ from prefect.futures import PrefectConcurrentFuture
 from prefect.utilities.annotations import quote
 
 from agentbatch.db.models import Sample, SampleStatus
+from agentbatch.protocols.retry import StepFailed
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.chain import StepExecutor, direct_executor, run_sample
 from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.runner import gated
-from agentbatch.tasks.steps import SampleRun, StepFailed, execute_step
+from agentbatch.tasks.steps import SampleRun, execute_step
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@
 called directly in lean mode and in the plain-asyncio baseline. Every attempt is a row in the
 store, written once when it ends: `completed` with its response (in the same transaction as the
 sample's progress) or `failed` with the error. Rows go through the group-committing `StepWriter`
-(`db/writer.py`), off the event loop; a step counts as completed only once its row is committed. Infrastructure errors are retried with exponential
-backoff; a tool error is an observation inside a completed step, not a failure.
+(`db/writer.py`), off the event loop; a step counts as completed only once its row is committed.
+Failures are retried by the one retry rule (`protocols/retry.py`); a tool error is an observation
+inside a completed step, not a failure.
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from agentbatch.db.models import StepStatus
-from agentbatch.engines.openai_http import EngineFailure
 from agentbatch.protocols.engine import ChatRequest
 from agentbatch.protocols.environment import (
     Environment,
@@ -26,26 +24,10 @@ from agentbatch.protocols.environment import (
     TaskSpec,
     restore_mode_of,
 )
+from agentbatch.protocols.retry import Call
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
 from agentbatch.tasks.context import BatchContext
-
-RETRYABLE = (EnvironmentFailure, EngineFailure, httpx.HTTPError, TimeoutError, ConnectionError)
-
-
-class StepFailed(Exception):
-    """A step failed for good (retries exhausted or a non-retryable error): its sample fails."""
-
-
-@dataclass
-class RetryPolicy:
-    environment: int = 2
-    inference: int = 2
-    backoff_s: float = 0.5
-
-    def delays(self, kind: StepKind) -> list[float]:
-        n = self.environment if kind == StepKind.ENVIRONMENT else self.inference
-        return [self.backoff_s * 2**i for i in range(n)]
 
 
 @dataclass(eq=False)
@@ -164,24 +146,13 @@ async def _attempt(batch: BatchContext, run: SampleRun, ticket: StepTicket, slot
 async def execute_step(
     batch: BatchContext, run: SampleRun, ticket: StepTicket, slot: str, task_run_id: str | None = None
 ) -> None:
-    """Run one step with its retries; raises StepFailed when it cannot complete."""
-    delays = batch.retry.delays(ticket.kind)
-    first = run.prior_attempts.get(ticket.step_index, 0) + 1
-    for attempt in range(len(delays) + 1):
-        run.prior_attempts[ticket.step_index] = first + attempt  # numbered once, even if retried elsewhere
-        try:
-            await _attempt(batch, run, ticket, slot, task_run_id, first + attempt)
-            break
-        except RETRYABLE as exc:
-            if attempt == len(delays):
-                raise StepFailed(
-                    f"{ticket.kind} step {ticket.step_index} failed after {attempt + 1} attempt(s): "
-                    f"{exc.__class__.__name__}: {exc}"
-                ) from exc
-            await asyncio.sleep(delays[attempt])
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise StepFailed(f"{ticket.kind} step {ticket.step_index}: {exc.__class__.__name__}: {exc}") from exc
+    """Run one step with its retries (`protocols/retry.py`); raises StepFailed when it cannot complete."""
+    first = run.prior_attempts.get(ticket.step_index, 0)
+
+    async def attempt(n: int) -> None:
+        run.prior_attempts[ticket.step_index] = first + n  # numbered once, even if retried elsewhere
+        await _attempt(batch, run, ticket, slot, task_run_id, first + n)
+
+    await batch.retry.run(Call(str(ticket.kind), f"{ticket.kind} step {ticket.step_index}"), attempt)
     # The sample's progress (steps done, attained service) advances when the coordinator gets the
     # slot back (`Coordinator.release`), by the scheduling core's one definition, in both clocks.

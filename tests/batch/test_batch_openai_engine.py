@@ -8,11 +8,11 @@ import socket
 import pytest
 
 from agentbatch.db.store import Store
-from agentbatch.engines.openai_http import EngineFailure, OpenAIEngine, load_endpoints
+from agentbatch.engines.openai_http import OpenAIEngine, load_endpoints
 from agentbatch.engines.sim_server import running_sim_server
 from agentbatch.flows.batch import create_batch, run_flow
 from agentbatch.flows.config import BatchConfig
-from agentbatch.protocols.engine import ChatRequest
+from agentbatch.protocols.engine import ChatRequest, EngineFailure
 from agentbatch.protocols.tokens import chat_tokens
 
 LONG = "You are a careful assistant. " * 80

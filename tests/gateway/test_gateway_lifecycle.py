@@ -14,6 +14,7 @@ from openai import OpenAI
 from agentbatch.db.store import Store
 from agentbatch.gateway.identity import conversation_hash, inference_sample_key, tool_sample_key
 from agentbatch.gateway.state import GatewaySettings
+from agentbatch.protocols.retry import RetryPolicy
 
 
 def chat(base_url: str, content: str, *, max_tokens: int = 4, headers: dict | None = None,
@@ -134,7 +135,7 @@ def test_unreachable_worker_is_a_502_and_a_failed_step(sqlite_url):
     with sim_workers(1) as endpoints:
         dead = [type(endpoints[0])("w0", "http://127.0.0.1:9/v1", MODEL)]
     config = gateway_config(dead)
-    settings = GatewaySettings(retries=1, backoff_s=0.01, metrics_interval_s=0)
+    settings = GatewaySettings(retry=RetryPolicy(inference=1, backoff_s=0.01), metrics_interval_s=0)
     with serve_gateway(store, config, dead, settings=settings) as gw:
         r = chat(gw.base_url, "hello", user="x")
         batch_id = gw.batch_id

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 import time
 
@@ -117,3 +119,35 @@ def test_the_sample_with_more_progress_gets_the_slot_first(sqlite_url):
     # ... and the sample with more progress went first.
     assert holder.finished_at <= high.started_at < low.started_at
     assert high.index == 4 and low.index == 1  # progress counted over both gateways
+
+
+def test_a_tool_call_is_retried_only_when_it_cannot_have_reached_the_tool(sqlite_url):
+    """The probe upstream is killed while a call runs on it: that call may have run, so it is not
+    repeated (one failed attempt, an isError result). The next call is not sent to the dead upstream:
+    the gateway starts it again and retries (a failed attempt, then a completed one)."""
+    store = Store(sqlite_url)
+    with sim_workers(1) as endpoints:
+        config = gateway_config(endpoints, env_slots=2, max_active_samples=4)
+        with serve_gateway(store, config, endpoints, upstreams=UPSTREAMS) as gw:
+
+            async def main() -> tuple:
+                async with Client(gw.base_url + "/mcp") as client:
+                    ran = await client.call_tool("sleep", {"seconds": 0}, meta=meta("probe-pid"))
+                    slow = asyncio.create_task(client.call_tool("sleep", {"seconds": 30}, meta=meta("in-flight")))
+                    await wait_for(gw.base_url, lambda s: s["in_use"]["environment"] == 1)
+                    os.kill(json.loads(ran.content[0].text)["pid"], signal.SIGKILL)
+                    cut = await slow
+                    echoed = await client.call_tool("echo", {"text": "again"}, meta=meta("unsent"))
+                    return cut, echoed
+
+            cut, echoed = asyncio.run(main())
+            batch_id = gw.batch_id
+
+    assert cut.is_error and "failed" in cut.content[0].text
+    assert not echoed.is_error and echoed.content[0].text == "again"
+    rows = {s.id: s.task_id for s in store.samples(batch_id)}
+    attempts: dict[str, list] = {}
+    for st in store.steps(batch_id):
+        attempts.setdefault(rows[st.sample_id], []).append((st.index, st.attempt, st.status))
+    assert attempts["in-flight"] == [(0, 1, "failed")]
+    assert attempts["unsent"] == [(0, 1, "failed"), (0, 2, "completed")]

@@ -135,7 +135,7 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
                       batch=batch, upstreams=upstreams,
                       settings=GatewaySettings(idle_timeout_s=options["idle_timeout"],
                                                end_on_answer=options["end_on_answer"],
-                                               retries=config.retries.inference, backoff_s=config.retries.backoff_s))
+                                               retry=config.retries.policy()))
     server = uvicorn_server(gateway)
     watcher = asyncio.create_task(_watch(gateway, options))
     try:
