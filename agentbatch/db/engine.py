@@ -5,23 +5,35 @@ Default: a SQLite file `agentbatch.sqlite` in the working directory (or `AGENTBA
 
 Migrations are safe when several processes open a fresh store at once: on PostgreSQL they run under
 a transaction-scoped advisory lock, on SQLite inside `BEGIN IMMEDIATE` (the write lock is taken
-before the schema is read), so the second process finds the schema done. Read-only opens
+before the schema is read), so the second process finds the schema done. On SQLite, foreign keys are
+off during a migration (a rebuilt table is dropped and recreated: with them on, dropping `batches`
+deleted every sample and step) and checked before the commit; a store that has a schema is first
+copied to `<file>.<revision>.bak`, named in a warning. Read-only opens
 (`read_only=True`: status, report) never create a file or a table and never migrate.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+from agentbatch.db.revisions import (
+    StampError,
+    alembic_config,
+    backup_sqlite,
+    chain_revision,
+    head,
+    restamp,
+    stamp_of,
+)
+
+log = logging.getLogger("agentbatch.db")
 DEFAULT_SQLITE_NAME = "agentbatch.sqlite"
 MIGRATION_LOCK_KEY = 0x61676E74626174  # any constant shared by every agentbatch process ("agntbat")
 
@@ -80,51 +92,71 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
     return engine
 
 
-def alembic_config(url: str) -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    return cfg
-
-
-def _heads() -> set[str]:
-    return set(ScriptDirectory.from_config(alembic_config("sqlite://")).get_heads())
-
-
-def current_revisions(conn: Connection) -> set[str]:
-    return set(MigrationContext.configure(conn).get_current_heads())
-
-
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision of every branch (`heads`), once, whoever else is
-    opening the same store at the same moment."""
+    """Bring the schema to the newest revision, once, whoever else is opening the same store at the
+    same moment, keeping every row (SQLite: foreign keys off while tables are rebuilt, a backup first)."""
     with engine.connect() as conn:
-        if current_revisions(conn) == _heads():
+        if stamp_of(conn) == {head()}:
             return  # the common case: nothing to do, no lock taken
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.connect() as conn:
-        if conn.dialect.name == "sqlite":
+        on_sqlite = conn.dialect.name == "sqlite"
+        if on_sqlite:
+            # Batch mode rebuilds a table by dropping it: with enforcement on, dropping `batches` cascades to
+            # every sample and step. The pragma is a no-op inside a transaction, so it comes first.
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
             conn.exec_driver_sql("BEGIN IMMEDIATE")  # the write lock first: no stale schema read
         else:
             conn.begin()
             if conn.dialect.name == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "heads")
-        conn.commit()
+        try:
+            _upgrade(conn, cfg)
+            conn.commit()
+        except BaseException:
+            conn.invalidate()  # rolled back; the connection (enforcement off) is not pooled again
+            raise
+        if on_sqlite:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+
+
+def _upgrade(conn: Connection, cfg: Config) -> None:
+    """Inside the migration lock: restamp an old stamp, back up a SQLite store, migrate, check references."""
+    stamp = stamp_of(conn)
+    try:
+        current = chain_revision(stamp)
+    except StampError as exc:
+        raise StoreUnavailable(str(exc)) from exc
+    if current is not None and stamp != {current}:
+        restamp(conn, current)  # ids from before the chain was numbered
+    if current == head():
+        return
+    path = sqlite_path(conn.engine.url.render_as_string(hide_password=False))
+    backup = backup_sqlite(path, current) if path is not None and current is not None else None
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, "head")
+    if conn.dialect.name == "sqlite" and (broken := conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()):
+        raise RuntimeError(f"migrating the store left rows pointing at missing rows {broken[:5]}; nothing was changed")
+    if backup is not None:
+        log.warning("store %s upgraded from schema %s to %s; the file as it was before: %s",
+                    path, current, head(), backup)
 
 
 def check_readable(engine: Engine) -> None:
     """Raise StoreUnavailable unless the store exists with the newest schema (read-only commands)."""
     try:
         with engine.connect() as conn:
-            current = current_revisions(conn)
+            current = stamp_of(conn)
     except SQLAlchemyError as exc:
         raise StoreUnavailable(f"cannot open the store: {exc.__class__.__name__}: {getattr(exc, 'orig', None) or exc}") from exc
     if not current:
         raise StoreUnavailable("the database holds no agentbatch store (no schema)")
-    if current != _heads():
+    try:
+        revision = chain_revision(current)
+    except StampError as exc:
+        raise StoreUnavailable(str(exc)) from exc
+    if revision != head():
         raise StoreUnavailable(
-            f"the store's schema {sorted(current)} is older than this agentbatch ({sorted(_heads())}); "
+            f"the store's schema {revision} is older than this agentbatch ({head()}); "
             "run a writing command (run, resume) once to migrate it"
         )

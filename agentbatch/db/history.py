@@ -6,7 +6,7 @@ the same suite key ran the same tasks, whatever engine, checkpoint or policies t
 model/checkpoint tag, and which chain-length priors it was admitted with. Rows are written when a
 batch starts (`suite_priors`) and filled in for older batches on first use (`ensure_suite_rows`).
 
-Created by migration h01_suite_runs.
+Created by migration 0006_suite_runs.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pkgutil
 import sys
 
 from agentbatch.flows import commands
+from agentbatch.flows.commands._common import fail
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    from agentbatch.db.engine import StoreUnavailable
+
+    try:
+        return int(args.func(args) or 0)
+    except StoreUnavailable as exc:  # a store no command can use (unknown schema revision, ...): bad input
+        return fail(str(exc))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ Create Date: 2026-12-03 03:40:00
 - A partial unique index allows one `completed` attempt per (sample, step index): a second process
   can never record the same step as completed twice. Duplicates written before it existed are
   demoted to `abandoned` first (the earliest completion stays).
+
+On SQLite the `batches` change rebuilds the table (batch mode: copy, drop, rename), which the
+migration runner does with foreign keys off (db/engine.py `migrate`): with them on, dropping the old
+table deleted every sample and step of the store.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from alembic import op
 
 revision = "0003_sample_leases"
 down_revision = "0002_vllm_metrics"
-branch_labels = ("leases",)
+branch_labels = None
 depends_on = None
 
 _DEMOTE_DUPLICATES = """

@@ -1,7 +1,7 @@
 """samples.task_group: the task's suite or category, for scores by group
 
 Revision ID: 0004_sample_group
-Revises: 0002_vllm_metrics
+Revises: 0003_sample_leases
 Create Date: 2026-12-03 03:55:00
 
 A workload's `TaskSpec.group` (e.g. BFCL's category, a benchmark's suite) is kept with each sample
@@ -14,8 +14,8 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004_sample_group"
-down_revision = "0002_vllm_metrics"
-branch_labels = ("groups",)
+down_revision = "0003_sample_leases"
+branch_labels = None
 depends_on = None
 
 

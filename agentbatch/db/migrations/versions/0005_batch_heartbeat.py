@@ -1,8 +1,9 @@
 """batches.heartbeat_at: the running process refreshes it, so a batch whose process died shows as crashed
 
-Revision ID: u18_batch_heartbeat
-Revises: 0002_vllm_metrics
+Revision ID: 0005_batch_heartbeat
+Revises: 0004_sample_group
 Create Date: 2026-12-03 03:55:00
+Formerly `u18_batch_heartbeat` (a branch of its own); stores stamped with that id upgrade (db/revisions.py).
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "u18_batch_heartbeat"
-down_revision = "0002_vllm_metrics"
-branch_labels = ("heartbeat",)
+revision = "0005_batch_heartbeat"
+down_revision = "0004_sample_group"
+branch_labels = None
 depends_on = None
 
 

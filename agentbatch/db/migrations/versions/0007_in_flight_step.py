@@ -1,8 +1,9 @@
 """samples.in_flight_step: the step of an environment with external state that is executing
 
-Revision ID: r16_in_flight_step
-Revises: 0003_sample_leases
+Revision ID: 0007_in_flight_step
+Revises: 0006_suite_runs
 Create Date: 2026-12-03 04:20:00
+Formerly `r16_in_flight_step` (a branch of its own); stores stamped with that id upgrade (db/revisions.py).
 
 Set before such a step runs and cleared in the transaction that completes it: after a crash, a
 value left there means the step may have executed (its side effects may exist) though it was
@@ -14,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "r16_in_flight_step"
-down_revision = "0003_sample_leases"
+revision = "0007_in_flight_step"
+down_revision = "0006_suite_runs"
 branch_labels = None
 depends_on = None
 

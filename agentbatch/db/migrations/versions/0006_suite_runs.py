@@ -1,8 +1,9 @@
 """suite_runs: the suite of each batch, what started it (deployment, tag) and the priors it used
 
-Revision ID: h01_suite_runs
-Revises: 0002_vllm_metrics
+Revision ID: 0006_suite_runs
+Revises: 0005_batch_heartbeat
 Create Date: 2026-12-03 04:00:00
+Formerly `h01_suite_runs` (a branch of its own); stores stamped with that id upgrade (db/revisions.py).
 
 One row per batch (agentbatch/db/history.py). Rows of batches written before this table existed are
 filled in on first use, from each batch's config and task ids.
@@ -13,9 +14,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "h01_suite_runs"
-down_revision = "0002_vllm_metrics"
-branch_labels = ("history",)
+revision = "0006_suite_runs"
+down_revision = "0005_batch_heartbeat"
+branch_labels = None
 depends_on = None
 
 
