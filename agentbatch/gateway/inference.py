@@ -11,6 +11,7 @@ through as they arrive). Each attempt is an inference step row.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,13 +21,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from agentbatch.gateway.forward import StreamAccumulator, is_answer, outcome_of
-from agentbatch.gateway.identity import inference_sample_key
+from agentbatch.gateway.identity import SampleIdError, check_sample_id, explicit_inference_id
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
-from agentbatch.gateway.state import GatewayState, HeldSlot, acquire_step, release_step
+from agentbatch.gateway.state import GatewayState, HeldSlot, abandon_step, acquire_step, release_step
 from agentbatch.protocols.engine import EngineFailure
 from agentbatch.protocols.retry import Call, StepFailed
 from agentbatch.scheduling.types import StepKind
 
+log = logging.getLogger("agentbatch.gateway")
 SendResult = tuple[httpx.Response | None, str | None]  # (response, error when the retries ran out)
 
 
@@ -83,8 +85,10 @@ async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any], recor
 
 
 def _done(state: GatewayState, held: HeldSlot, *, completed: bool, answered: bool = False) -> None:
-    release_step(state, held, completed=completed)
-    state.registry.leave(held.sample, answered=answered)
+    """The request ended: its worker slot and its hold on the sample go back (once)."""
+    if not release_step(state, held, completed=completed):
+        return
+    state.registry.leave_request(held.sample, completed=completed, answered=answered)
     state.counters.requests += 1
     state.counters.failed += not completed
 
@@ -93,6 +97,11 @@ async def _answer(state: GatewayState, held: HeldSlot, resp: httpx.Response) -> 
     """A whole (non-streamed) answer: record it and hand it back unchanged."""
     try:
         await resp.aread()
+    except httpx.HTTPError as exc:  # the worker went away in the middle of its answer
+        error = f"{held.ticket.worker}: {exc.__class__.__name__}: {exc}"
+        state.recorder.fail(held.key, error, state.clock())
+        _done(state, held, completed=False)
+        return error_response(502, f"worker {held.ticket.worker} broke off its answer: {error}", "BadGatewayError")
     finally:
         await resp.aclose()
     finished = state.clock()
@@ -135,7 +144,7 @@ def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usag
 
     def cleanup(completed: bool) -> None:
         nonlocal closed
-        if closed:
+        if closed or held.released:  # ended already (the shutdown cancelled it)
             return
         closed = True
         finished = state.clock()
@@ -162,14 +171,46 @@ def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usag
     return _GuardedStream(events(), cleanup, status_code=resp.status_code, media_type="text/event-stream")
 
 
+def body_error(body: Any) -> str | None:
+    """What is wrong with a chat-completions body in the fields the gateway reads, if anything."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        return "`messages` must be a non-empty list of message objects"
+    if not isinstance(body.get("stream", False), bool | None):
+        return "`stream` must be true or false"
+    if not isinstance(body.get("stream_options"), dict | None):
+        return "`stream_options` must be an object"
+    if not isinstance(body.get("tools"), list | None):
+        return "`tools` must be a list"
+    return None
+
+
 async def _read_body(request: Request) -> dict[str, Any] | Response:
     try:
-        body = await request.json()
+        body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return error_response(400, "request body is not JSON")
-    if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-        return error_response(400, "`messages` must be a non-empty list")
+    if error := body_error(body):
+        return error_response(400, error)
     return body
+
+
+async def _forward(state: GatewayState, held: HeldSlot, body: dict[str, Any]) -> Response:
+    sample, worker = held.sample, held.ticket.worker or ""
+    priority = state.coordinator.request_priority(sample.progress)
+    forward = state.pool.body_for(worker, body, priority=priority, user=sample.key)
+    resp, error = await _send(state, held, forward, request_record(sample, body, priority))
+    if error is not None:  # retries ran out: the attempts are recorded as failed
+        _done(state, held, completed=False)
+        if resp is not None:  # the worker's own 5xx answer
+            return Response(resp.content, status_code=resp.status_code, media_type="application/json")
+        return error_response(502, f"worker {worker} unreachable: {error}", "BadGatewayError")
+    assert resp is not None
+    if body.get("stream") and resp.status_code < 400:
+        return _stream(state, held, resp, bool((body.get("stream_options") or {}).get("include_usage")))
+    return await _answer(state, held, resp)
 
 
 def chat_completions(state: GatewayState) -> Callable[[Request], Any]:
@@ -177,25 +218,26 @@ def chat_completions(state: GatewayState) -> Callable[[Request], Any]:
         body = await _read_body(request)
         if isinstance(body, Response):
             return body
-        key = inference_sample_key(request.headers, body)
-        sample = await state.registry.enter(key)
+        try:
+            explicit = explicit_inference_id(request.headers, body)
+        except SampleIdError as exc:
+            return error_response(400, str(exc))
+        sample = await state.registry.enter(explicit, body["messages"])
         try:
             held = await acquire_step(state, sample, StepKind.INFERENCE)
         except BaseException:
-            state.registry.leave(sample)
+            state.registry.leave_request(sample, completed=False)
             raise
-        worker = held.ticket.worker or ""
-        priority = state.coordinator.request_priority(sample.progress)
-        forward = state.pool.body_for(worker, body, priority=priority, user=key)
-        resp, error = await _send(state, held, forward, request_record(sample, body, priority))
-        if error is not None:  # retries ran out: the attempts are recorded as failed
-            _done(state, held, completed=False)
-            if resp is not None:  # the worker's own 5xx answer
-                return Response(resp.content, status_code=resp.status_code, media_type="application/json")
-            return error_response(502, f"worker {worker} unreachable: {error}", "BadGatewayError")
-        if body.get("stream") and resp.status_code < 400:
-            return _stream(state, held, resp, bool((body.get("stream_options") or {}).get("include_usage")))
-        return await _answer(state, held, resp)
+        try:
+            return await _forward(state, held, body)
+        except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen input: the slots go back, a 500
+            log.exception("gateway request of sample %r failed", sample.key)
+            abandon_step(state, held, f"gateway error: {exc.__class__.__name__}: {exc}")
+            return error_response(500, f"the gateway failed on this request: {exc.__class__.__name__}",
+                                  "InternalServerError")
+        except BaseException:
+            abandon_step(state, held, "cancelled: the request was cut off", cancelled=True)
+            raise
 
     return handle
 
@@ -203,6 +245,10 @@ def chat_completions(state: GatewayState) -> Callable[[Request], Any]:
 def finish_sample(state: GatewayState) -> Callable[[Request], Any]:
     async def handle(request: Request) -> Response:
         key = request.path_params["sample"]
+        try:
+            check_sample_id(key, "the path's sample id")
+        except SampleIdError as exc:
+            return error_response(400, str(exc))
         raw = await request.body()
         try:
             data = json.loads(raw) if raw.strip() else {}

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from agentbatch.db import gateway_records as records
 from agentbatch.db.store import Store
+from agentbatch.gateway.identity import ConversationTree
 from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.coordinator import Coordinator
@@ -47,6 +48,7 @@ class GatewaySample:
     seen_messages: int = 0  # messages of the last inference request (later ones record only what is new)
     tools_signature: int = 0  # of the last request's tools (recorded again when they change)
     pending_end: SampleEnd | None = None  # an end that waits for the steps in flight
+    by_conversation: bool = False  # named by the conversation tree (no explicit id)
     ends: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -72,6 +74,7 @@ class SampleRegistry:
         self.end_on_answer = end_on_answer
         self.clock = clock
         self.samples: dict[str, GatewaySample] = {}
+        self.conversations = ConversationTree()  # the samples without an explicit id
         self._arrivals = itertools.count()
         self.ended = 0  # sample ends so far (a sample that ran again counts again)
 
@@ -91,9 +94,15 @@ class SampleRegistry:
             self.recorder.submit(_create, self.recorder.store, self.batch_id, sample)
         return sample
 
-    async def enter(self, key: str) -> GatewaySample:
-        """Before a step: the sample, admitted (waiting for an admission slot if it has none)."""
+    async def enter(self, key: str | None, messages: list[Any] | None = None) -> GatewaySample:
+        """Before a step: the sample, admitted (waiting for an admission slot if it has none). No
+        `key`: the sample whose conversation `messages` extends, or a new one (`ConversationTree`);
+        its request then ends with `leave_request`."""
+        by_conversation = key is None
+        if key is None:
+            key = self.conversations.claim(messages or [])
         sample = self.get(key)
+        sample.by_conversation |= by_conversation
         sample.in_flight += 1
         sample.last_active = self.clock()
         try:
@@ -106,8 +115,16 @@ class SampleRegistry:
                         self.recorder.submit(records.admit_sample_at, sample.row, self.clock())
         except BaseException:
             sample.in_flight -= 1
+            if by_conversation:
+                self.conversations.done(key, answered=False)
             raise
         return sample
+
+    def leave_request(self, sample: GatewaySample, *, completed: bool, answered: bool = False) -> None:
+        """After an inference request; `completed`: the worker answered it."""
+        if sample.by_conversation:
+            self.conversations.done(sample.key, answered=completed)
+        self.leave(sample, answered=answered)
 
     def leave(self, sample: GatewaySample, *, answered: bool = False) -> None:
         """After a step; `answered`: it was a final answer (no tool calls)."""
@@ -139,9 +156,12 @@ class SampleRegistry:
         return len(idle)
 
     def end_all(self, reason: str) -> None:
+        """End every sample still open (the batch ends); one never admitted ends failed."""
         for sample in self.samples.values():
-            if sample.admitted and not sample.in_flight:
+            if sample.admitted:
                 self._end(sample, sample.pending_end or SampleEnd(reason))
+            elif sample.ends == 0:
+                self._end(sample, SampleEnd(reason, error=f"never admitted: {reason}"))
 
     def _end(self, sample: GatewaySample, end: SampleEnd) -> None:
         sample.pending_end = None

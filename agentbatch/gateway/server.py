@@ -28,14 +28,18 @@ from agentbatch.db.store import Store
 from agentbatch.engines.metrics import MetricsScraper
 from agentbatch.environments.mcp_client import McpServerSpec
 from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
+from agentbatch.gateway.guard import Guard, allowed_hosts, guarded_http, mcp_security
 from agentbatch.gateway.inference import routes
 from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.gateway.samples import SampleRegistry
-from agentbatch.gateway.state import GatewaySettings, GatewayState
+from agentbatch.gateway.state import GatewaySettings, GatewayState, abandon_step
 from agentbatch.gateway.tools import ToolGateway
 from agentbatch.tasks.coordinator import Coordinator
 
 log = logging.getLogger("agentbatch.gateway")
+# Their INFO lines (one per request and MCP session) drown the gateway's own.
+NOISY_LOGGERS = ("httpx", "httpx2", "httpcore", "mcp", "mcp.server", "mcp.client")
+SHUTDOWN_CANCELLED = "cancelled: the gateway shut down with the step in flight"
 
 
 @dataclass
@@ -73,8 +77,13 @@ class Gateway:
         self._sweeper: asyncio.Task[None] | None = None
         self._scraper: MetricsScraper | None = None
         self._tool_server = self.tools.server()
-        # Any Host header is accepted (the gateway may listen on all interfaces).
-        self._mcp_app = self._tool_server.streamable_http_app(host="0.0.0.0")
+        self.hosts = allowed_hosts(self.settings.bind_host, self.settings.allowed_hosts)
+        self._mcp_app = self._tool_server.streamable_http_app(
+            host=self.settings.bind_host, transport_security=mcp_security(self.hosts),
+            max_request_body_size=self.settings.max_body_bytes)
+        for name in NOISY_LOGGERS:
+            if logging.getLogger(name).level < logging.WARNING:
+                logging.getLogger(name).setLevel(logging.WARNING)
 
     @property
     def batch_id(self) -> int:
@@ -121,7 +130,13 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         state = self.state
+        await asyncio.sleep(0)  # handlers the server has just cancelled record their steps first
+        for held in list(state.held):
+            abandon_step(state, held, SHUTDOWN_CANCELLED, cancelled=True)
         state.registry.end_all("shutdown")
+        if state.counters.cancelled and status == BatchStatus.COMPLETED:
+            status = BatchStatus.COMPLETED_WITH_FAILURES
+            error = error or f"{state.counters.cancelled} step(s) cut off (shutdown or client gone): recorded as failed"
         if self._scraper is not None:
             await self._scraper.stop()
         await state.pool.aclose()
@@ -134,7 +149,7 @@ class Gateway:
             self.on_stop()
 
     # --- the ASGI app ----------------------------------------------------------------------------------
-    def app(self) -> Starlette:
+    def app(self) -> Guard:
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             async with self._tool_server.session_manager.run():
@@ -145,7 +160,9 @@ class Gateway:
                     await self.close()
 
         mcp_routes = [r for r in self._mcp_app.routes if isinstance(r, Route)]
-        return Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes], lifespan=lifespan)
+        app = Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes], lifespan=lifespan)
+        return Guard(app, hosts=self.hosts, max_body_bytes=self.settings.max_body_bytes,
+                     body_timeout_s=self.settings.body_timeout_s)
 
 # --- running it ----------------------------------------------------------------------------------------
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -167,10 +184,13 @@ def uvicorn_server(gateway: Gateway, *, graceful_s: float = 30.0) -> Any:
     POST /v1/batch/finish stops it as SIGTERM does."""
     import uvicorn
 
-    # Idle keep-alive connections are kept 75 s (uvicorn's default is 5 s, the same as httpx's client
-    # expiry): a client then always drops an idle connection before the server closes it under a request.
+    # Idle keep-alive connections are kept 75 s by default (uvicorn's default is 5 s, the same as httpx's
+    # client expiry): a client then always drops an idle connection before the server closes it under a
+    # request. A connection that never sends a whole request head is closed after header_timeout_s.
+    settings = gateway.settings
     config = uvicorn.Config(gateway.app(), log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=graceful_s, timeout_keep_alive=75)
+                            timeout_graceful_shutdown=graceful_s, timeout_keep_alive=settings.keep_alive_s,
+                            http=guarded_http(settings.header_timeout_s))
     server = uvicorn.Server(config)
 
     def stop() -> None:
@@ -210,11 +230,12 @@ class RunningGateway:
 
 
 @contextlib.contextmanager
-def running_gateway(gateway: Gateway, host: str = "127.0.0.1") -> Iterator[RunningGateway]:
+def running_gateway(gateway: Gateway, host: str = "127.0.0.1", *, graceful_s: float = 30.0) -> Iterator[RunningGateway]:
     """Serve a gateway in a background thread on a free port (tests, notebooks, benchmarks). Leaving
-    the block stops it the way SIGTERM does, and waits until every record is committed."""
+    the block stops it the way SIGTERM does (requests in flight get `graceful_s` to finish), and
+    waits until every record is committed."""
     sock = listen_socket(host, 0)
-    server = uvicorn_server(gateway)
+    server = uvicorn_server(gateway, graceful_s=graceful_s)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True,
                               name="agentbatch-gateway")
     thread.start()

@@ -30,6 +30,12 @@ class GatewaySettings:
     request_timeout_s: float = 600.0  # per request to a worker
     call_timeout_s: float = 600.0  # per tool call to an upstream MCP server
     metrics_interval_s: float = 2.0  # how often workers' /metrics are scraped (0: never)
+    bind_host: str = "127.0.0.1"  # with localhost, the hosts a request's Host header may name ...
+    allowed_hosts: tuple[str, ...] = ()  # ... and these ("*": any)
+    max_body_bytes: int = 32 * 2**20  # larger request bodies are refused before they are read
+    body_timeout_s: float = 60.0  # a request body that stalls this long is refused
+    header_timeout_s: float = 30.0  # a connection without a whole request head this long is closed
+    keep_alive_s: int = 75  # an idle keep-alive connection is closed after this long
 
 
 @dataclass
@@ -39,6 +45,7 @@ class GatewayCounters:
     failed: int = 0  # inference requests that ended in an error
     tool_calls: int = 0
     tool_failures: int = 0  # upstream failures (not tool errors the upstream reported)
+    cancelled: int = 0  # steps cut off (client gone, shutdown)
     waiting: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in StepKind})
 
 
@@ -54,6 +61,7 @@ class GatewayState:
     settings: GatewaySettings
     counters: GatewayCounters = field(default_factory=GatewayCounters)
     clock: Callable[[], float] = time.time
+    held: set[HeldSlot] = field(default_factory=set)  # steps holding a slot now
 
 
 @dataclass(eq=False)
@@ -66,6 +74,7 @@ class HeldSlot:
     started_at: float = 0.0
 
     attempt: int = 0
+    released: bool = False
 
     @property
     def key(self) -> StepKey:
@@ -92,9 +101,39 @@ async def acquire_step(state: GatewayState, sample: GatewaySample, kind: StepKin
         slot = await state.coordinator.acquire(ticket)
     finally:
         state.counters.waiting[kind.value] -= 1
-    return HeldSlot(sample=sample, ticket=ticket, slot=slot, started_at=state.clock())
+    held = HeldSlot(sample=sample, ticket=ticket, slot=slot, started_at=state.clock())
+    state.held.add(held)
+    return held
 
 
-def release_step(state: GatewayState, held: HeldSlot, *, completed: bool) -> None:
+def release_step(state: GatewayState, held: HeldSlot, *, completed: bool) -> bool:
+    """Give the step's slot back; only the first call does (False after): every error path may
+    call it without giving a slot back twice."""
+    if held.released:
+        return False
+    held.released = True
+    state.held.discard(held)
     # The coordinator advances the sample's progress (steps done, attained service) itself.
     state.coordinator.release(held.ticket, held.slot, completed=completed)
+    return True
+
+
+def abandon_step(state: GatewayState, held: HeldSlot, error: str, *, cancelled: bool = False) -> bool:
+    """End a step that did not run to its end (an unexpected error, a cancel, the shutdown): a failed
+    step row (written now if the attempt had not begun), its slot and its hold on the sample given
+    back. False when the step had already ended."""
+    if held.released:
+        return False
+    if held.attempt == 0:
+        state.recorder.begin(held.start(state.batch_id, None, state.clock()))
+    state.recorder.fail(held.key, error, state.clock())
+    release_step(state, held, completed=False)
+    state.counters.cancelled += cancelled
+    if held.ticket.kind == StepKind.INFERENCE:
+        state.registry.leave_request(held.sample, completed=False)
+        state.counters.requests += 1
+        state.counters.failed += 1
+    else:
+        state.registry.leave(held.sample)
+        state.counters.tool_calls += 1
+    return True

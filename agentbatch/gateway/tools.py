@@ -29,7 +29,7 @@ from agentbatch.environments.mcp_env import (
     open_toolset,
     reconnect_dead,
 )
-from agentbatch.gateway.identity import tool_sample_key
+from agentbatch.gateway.identity import SampleIdError, tool_sample_key
 from agentbatch.gateway.state import GatewayState, acquire_step, release_step
 from agentbatch.protocols.retry import Call, Effects, StepFailed
 from agentbatch.scheduling.types import StepKind
@@ -69,7 +69,10 @@ class ToolGateway:
         async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
             request = getattr(ctx, "request", None)
             headers = getattr(request, "headers", None)
-            key = tool_sample_key(headers, params.meta or getattr(ctx, "meta", None))
+            try:
+                key = tool_sample_key(headers, params.meta or getattr(ctx, "meta", None))
+            except SampleIdError as exc:  # refused before anything is written
+                return _error_result(str(exc))
             return await self.call(key, params.name, dict(params.arguments or {}))
 
         return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
@@ -110,9 +113,9 @@ class ToolGateway:
             state.counters.tool_failures += 1
             return _error_result(f"tool {name!r} failed: {exc.__cause__ or exc}")
         finally:
-            release_step(state, held, completed=result is not None)
-            state.registry.leave(sample)
-            state.counters.tool_calls += 1
+            if release_step(state, held, completed=result is not None):  # not when the shutdown cut it off
+                state.registry.leave(sample)
+                state.counters.tool_calls += 1
         return result
 
     def _call_of(self, name: str, arguments: dict[str, Any]) -> Call:

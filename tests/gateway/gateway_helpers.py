@@ -75,10 +75,10 @@ def gateway_config(endpoints: list[WorkerEndpoint], **scheduling: Any) -> BatchC
 @contextlib.contextmanager
 def serve_gateway(store: Store, config: BatchConfig, endpoints: list[WorkerEndpoint], *,
                   upstreams: list[McpServerSpec] | None = None,
-                  settings: GatewaySettings | None = None) -> Iterator[RunningGateway]:
+                  settings: GatewaySettings | None = None, graceful_s: float = 30.0) -> Iterator[RunningGateway]:
     coordinator = build_coordinator(config, [e.name for e in endpoints])
     gateway = Gateway(store, coordinator, endpoints, upstreams=upstreams or [],
                       batch=GatewayBatch(config.name, config.model_dump(mode="json")),
                       settings=settings or GatewaySettings(metrics_interval_s=0.5))
-    with running_gateway(gateway) as running:
+    with running_gateway(gateway, graceful_s=graceful_s) as running:
         yield running

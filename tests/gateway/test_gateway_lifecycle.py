@@ -12,7 +12,7 @@ from gateway_helpers import MODEL, gateway_config, serve_gateway, sim_workers
 from openai import OpenAI
 
 from agentbatch.db.store import Store
-from agentbatch.gateway.identity import conversation_hash, inference_sample_key, tool_sample_key
+from agentbatch.gateway.identity import explicit_inference_id, tool_sample_key
 from agentbatch.gateway.state import GatewaySettings
 from agentbatch.protocols.retry import RetryPolicy
 
@@ -25,13 +25,10 @@ def chat(base_url: str, content: str, *, max_tokens: int = 4, headers: dict | No
 
 def test_sample_identification_order():
     body = {"user": "u1", "metadata": {"session_id": "sess"}, "messages": [{"role": "user", "content": "x"}]}
-    assert inference_sample_key({"x-agentbatch-sample": "h1"}, body) == "h1"
-    assert inference_sample_key({}, body) == "u1"
-    assert inference_sample_key({}, {**body, "user": None}) == "sess"
-    conversation = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
-    later = [*conversation, {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]
-    assert inference_sample_key({}, {"messages": later}) == conversation_hash(conversation)
-    assert conversation_hash(conversation) != conversation_hash([{"role": "user", "content": "other"}])
+    assert explicit_inference_id({"x-agentbatch-sample": "h1"}, body) == "h1"
+    assert explicit_inference_id({}, body) == "u1"
+    assert explicit_inference_id({}, {**body, "user": None}) == "sess"
+    assert explicit_inference_id({}, {"messages": body["messages"]}) is None  # the conversation decides
     assert tool_sample_key({"x-agentbatch-sample": "h"}, {"agentbatch/sample": "m"}) == "h"
     assert tool_sample_key({}, {"agentbatch/sample": "m"}) == "m"
     assert tool_sample_key({"mcp-session-id": "abc"}, None) == "mcp-abc"
