@@ -30,19 +30,22 @@ class Render:
 
 
 def render(page: Path, *, screenshot: Path | None = None, dump_dom: bool = False, width: int = 1400,
-           height: int = 2400, budget_ms: int = 8000, timeout_s: float = 120.0) -> Render:
-    """Load `page` (virtual time budget lets plotly finish drawing) and take a screenshot or dump the DOM."""
+           height: int = 2400, budget_ms: int | None = 8000, timeout_s: float = 120.0,
+           fragment: str = "") -> Render:
+    """Load `page` (+ `#fragment`, e.g. the report's sample filter) and take a screenshot or dump the DOM.
+    The virtual time budget lets timers run to the end; None: dump as soon as the page has loaded."""
     exe = find_chromium()
     if exe is None:
         raise FileNotFoundError("chromium not found (Debian: apt-get install chromium; see .ci/setup_chromium.sh)")
     with tempfile.TemporaryDirectory(prefix="agentbatch-chromium-") as profile:
-        cmd = [exe, *BASE_FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
-               f"--window-size={width},{height}"]
+        cmd = [exe, *BASE_FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"]
+        if budget_ms is not None:
+            cmd.append(f"--virtual-time-budget={budget_ms}")
         if screenshot is not None:
             cmd.append(f"--screenshot={Path(screenshot).resolve()}")
         if dump_dom:
             cmd.append("--dump-dom")
-        cmd.append(Path(page).resolve().as_uri())
+        cmd.append(Path(page).resolve().as_uri() + (f"#{fragment}" if fragment else ""))
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     errors = [line for line in proc.stderr.splitlines() if _CONSOLE_ERROR.search(line)]
     return Render(proc.returncode, proc.stdout if dump_dom else "", errors, proc.stderr)

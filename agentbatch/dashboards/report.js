@@ -199,8 +199,9 @@
     m[1].split("&").forEach(function (kv) {
       var p = kv.split("="), e = input(decodeURIComponent(p[0]));
       if (!e || F.indexOf(p[0]) < 0) return;
-      e.value = decodeURIComponent(p[1] || "");
-      if (p[0] === "group") e.dataset.want = e.value;  // its options come with the batch
+      var v = decodeURIComponent(p[1] || "");
+      e.value = v;
+      if (p[0] === "group") e.dataset.want = v;  // its options come with the batch
     });
     return true;
   }
@@ -230,9 +231,10 @@
   }
   function sortKey(b, f) {
     var c = b.cols;
-    if (f.sort === "latency") return function (i, j) { return (c.latency[j] || 0) - (c.latency[i] || 0); };
-    if (f.sort === "score") return function (i, j) { return (c.score[i] === null ? -1 : c.score[i]) - (c.score[j] === null ? -1 : c.score[j]); };
-    return function (i, j) { return c.index[i] - c.index[j]; };
+    var key = f.sort === "latency" ? function (i) { return -(c.latency[i] || 0); }
+      : f.sort === "score" ? function (i) { return c.score[i] === null ? -1 : c.score[i]; }
+      : function () { return 0; };
+    return function (i, j) { return key(i) - key(j) || c.index[i] - c.index[j]; };  // ties: index order
   }
   function cell(tr, text) { h("td", tr, text === null || text === undefined ? "-" : String(text)); }
   function renderSamples() {

@@ -152,13 +152,13 @@ def step_messages(kind: str, request: Any, response: Any) -> tuple[list[Message]
 
 
 def _drop_repeats(inputs: list[Message], seen: list[Message]) -> list[Message]:
-    """A gateway request repeats the previous answer and the tool results already recorded by the MCP
-    tool gateway: show each message once."""
-    out = list(inputs)
-    while out and seen and out[0].role == "assistant" and out[0].content == seen[-1].content:
-        out.pop(0)
-    shown = {(m.role, m.content) for m in seen}
-    return [m for m in out if not (m.role == "tool" and (m.role, m.content) in shown)]
+    """A gateway request starts with what the transcript shows already (the previous answer, the
+    tool results the MCP tool gateway recorded): show only what follows."""
+    known = {(m.role, m.content, m.tool_calls) for m in seen}
+    start = 0
+    while start < len(inputs) and (inputs[start].role, inputs[start].content, inputs[start].tool_calls) in known:
+        start += 1
+    return inputs[start:]
 
 
 def step_view(row: Any, seen: list[Message]) -> StepView:

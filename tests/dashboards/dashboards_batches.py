@@ -15,7 +15,7 @@ def write_batch(store: Store, samples: list[dict[str, Any]], *, config: dict[str
                 heartbeat_at: float | None = None) -> int:
     """Write a batch: each sample dict has task_id, admitted, finished, status, score, optional error
     and group, and steps (dicts with kind, enq, start, fin and optional status/attempt/worker/token/timing
-    fields)."""
+    fields, and request/response/error as recorded)."""
     with store.session() as s, s.begin():
         fins = [x["finished"] for x in samples if x.get("finished") is not None]
         batch = Batch(name=name, config=config or {}, status=status, created_at=T0 - 1, started_at=T0,
@@ -28,7 +28,8 @@ def write_batch(store: Store, samples: list[dict[str, Any]], *, config: dict[str
             done = [st for st in x.get("steps", []) if st.get("status", "completed") == "completed"]
             sample = Sample(batch_id=batch.id, index=i, task_id=x["task_id"], task={}, status=x["status"],
                             steps_done=len(done), score=x.get("score"), admitted_at=x.get("admitted"),
-                            finished_at=x.get("finished"), error=x.get("error"), task_group=x.get("group"))
+                            finished_at=x.get("finished"), error=x.get("error"), task_group=x.get("group"),
+                            result=x.get("result"))
             s.add(sample)
             s.flush()
             for st in x.get("steps", []):
@@ -39,6 +40,7 @@ def write_batch(store: Store, samples: list[dict[str, Any]], *, config: dict[str
                     worker=st.get("worker"), prompt_tokens=st.get("prompt"), cached_prompt_tokens=st.get("cached"),
                     recomputed_tokens=st.get("recomputed"), output_tokens=st.get("output"),
                     prefill_s=st.get("prefill"), decode_s=st.get("decode"), engine_queue_s=st.get("eq"),
+                    request=st.get("request"), response=st.get("response"), error=st.get("error"),
                 ))
         return batch.id
 
