@@ -135,9 +135,10 @@ def test_default_remove_drops_one_ticket_and_keeps_the_order() -> None:
 
 def test_a_docs_plugin_queue_survives_a_cancelled_waiter() -> None:
     async def scenario() -> list[int]:
-        coord = Coordinator(limits=AdmissionLimits(max_active_samples=8, env_slots=1, per_worker_inflight=1),
-                            workers=["w0"], env_queue=FewestStepsQueue(), inference_queues={"w0": FifoQueue()},
-                            router=RoundRobinRouter(), priority=FcfsPriority())
+        limits = AdmissionLimits(max_active_samples=8, env_slots=1, per_worker_inflight=1)
+        coord = Coordinator.with_policies(limits=limits, workers=["w0"], env_queue=FewestStepsQueue(),
+                                          inference_queues={"w0": FifoQueue()}, router=RoundRobinRouter(),
+                                          priority=FcfsPriority())
         env = [StepTicket(sample=SampleProgress(i, f"t{i}", i), kind=StepKind.ENVIRONMENT, step_index=1,
                           enqueued_at=0.0) for i in range(3)]
         held = await coord.acquire(env[0])
