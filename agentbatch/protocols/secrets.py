@@ -104,7 +104,8 @@ def _store_leaf(value: str, path: str, secret_field: bool) -> str:
 
 def to_stored(config: dict[str, Any]) -> dict[str, Any]:
     """The config as it may be persisted: every secret an environment reference (see module doc)."""
-    return _walk(config, "", _store_leaf)
+    stored: dict[str, Any] = _walk(config, "", _store_leaf)
+    return stored
 
 
 def _resolve_leaf(value: str, path: str, secret_field: bool) -> str:
@@ -128,7 +129,8 @@ def _resolve_leaf(value: str, path: str, secret_field: bool) -> str:
 def from_stored(config: dict[str, Any]) -> dict[str, Any]:
     """The stored config with its secret references resolved from the environment (MissingSecret
     names the field and the variable when one is not set)."""
-    return _walk(config, "", _resolve_leaf)
+    resolved: dict[str, Any] = _walk(config, "", _resolve_leaf)
+    return resolved
 
 
 def redact_value(value: Any) -> Any:

@@ -111,7 +111,8 @@ def _ramps_at(starts: np.ndarray, ends: np.ndarray, peaks: np.ndarray, t: np.nda
     to their peak at their end, nothing outside."""
     span = ends - starts
     live = (t >= starts) & (t <= ends) & (span > 0)
-    return np.where(live, peaks * (t - starts) / np.where(span > 0, span, 1.0), 0.0)
+    context: np.ndarray = np.where(live, peaks * (t - starts) / np.where(span > 0, span, 1.0), 0.0)
+    return context
 
 
 class _KvPlan:
@@ -137,7 +138,8 @@ class _KvPlan:
         ends = (self.now + steps)[:, None]
         own_end = _ramps_at(self.starts, self.ends, self.peaks, ends).sum(axis=1) + peaks
         own = _ramps_at(np.full_like(ends, self.now), ends, peaks[:, None], self.ends[None, :])
-        return (own_end <= self.budget) & (self.totals + own <= self.budget).all(axis=1)
+        fits: np.ndarray = (own_end <= self.budget) & (self.totals + own <= self.budget).all(axis=1)
+        return fits
 
     def add(self, steps: float, peak: float) -> None:
         start, end = self.now, self.now + steps
@@ -148,8 +150,8 @@ class _KvPlan:
 
     def end_first(self) -> None:
         k = int(np.argmin(self.ends))
-        done = (self.starts[k], self.ends[k], self.peaks[k])
+        start, end, peak = np.array(self.starts[k]), np.array(self.ends[k]), np.array(self.peaks[k])
         self.starts, self.ends, self.peaks, self.totals = (np.delete(a, k) for a in
                                                            (self.starts, self.ends, self.peaks, self.totals))
-        self.now = float(done[1])
-        self.totals = self.totals - _ramps_at(*(np.array(x) for x in done), self.ends)
+        self.now = float(end)
+        self.totals = self.totals - _ramps_at(start, end, peak, self.ends)

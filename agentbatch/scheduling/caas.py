@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Any
 
 from agentbatch.scheduling.policies import QueuePolicy
 from agentbatch.scheduling.types import StepTicket
@@ -29,13 +30,13 @@ class CaasQueue(QueuePolicy):
         if max_wait_s is not None and max_wait_s < 0:
             raise ValueError("max_wait_s must be >= 0 or None")
         self.max_wait_s = max_wait_s
-        self._heap: list[tuple] = []  # (*key, seq, ticket): flat, so comparisons stay shallow
+        self._heap: list[tuple[Any, ...]] = []  # (*key, seq, ticket): flat, so comparisons stay shallow
         self._fifo: deque[StepTicket] = deque()  # push order, for the aging guard
         self._gone: set[int] = set()  # seqs popped by the other structure (or removed)
         self._n = 0
         self.aged_pops = 0  # how often the starvation guard fired
 
-    def key(self, ticket: StepTicket) -> tuple:
+    def key(self, ticket: StepTicket) -> tuple[float | int, ...]:
         s = ticket.sample
         return (-s.steps_done, -s.attained_s, s.arrival_seq)
 
@@ -65,7 +66,8 @@ class CaasQueue(QueuePolicy):
         heap, gone = self._heap, self._gone
         while True:
             entry = heapq.heappop(heap)
-            seq, ticket = entry[-2], entry[-1]
+            seq: int = entry[-2]
+            ticket: StepTicket = entry[-1]
             if seq in gone:
                 gone.discard(seq)
                 continue
@@ -114,7 +116,7 @@ class CaasHistoryQueue(CaasQueue):
         self.unknown_last = unknown_last
         self.rank = rank
 
-    def key(self, ticket: StepTicket) -> tuple:
+    def key(self, ticket: StepTicket) -> tuple[float | int, ...]:
         s = ticket.sample
         if s.prior_chain_steps is None:
             return (1 if self.unknown_last else -1, 0.0, -s.steps_done, -s.attained_s, s.arrival_seq)

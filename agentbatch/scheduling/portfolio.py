@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from agentbatch.scheduling.defaults import DEFAULTS
 
@@ -76,14 +77,14 @@ class Candidate:
         params = {} if self.env_queue == "caas_history" else self.env_queue_params
         return replace(self, env_queue=queue, env_queue_params=params, admission_order="arrival")
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         """Everything but the name: two candidates with one key run alike."""
         return tuple((k, tuple(sorted(v.items())) if isinstance(v, Mapping) else v)
                      for k, v in asdict(self).items() if k != "name")
 
 
 def _baselines() -> list[Candidate]:
-    affinity = dict(coupled=True, limit="slots", env_queue="fifo", router="trajectory_aware", priority="fcfs",
+    affinity: dict[str, Any] = dict(coupled=True, limit="slots", env_queue="fifo", router="trajectory_aware", priority="fcfs",
                     admission_order="arrival", admission_control="static", uses_priors=False)  # fmt: skip
     sweep = [Candidate(f"coupled at S*{f:g}", limit_factor=f, baseline=COUPLED_BEST, **affinity)
              for f in (0.25, 0.5, 1.0)]  # fmt: skip
@@ -132,7 +133,7 @@ def applicable(portfolio: Sequence[Candidate], has_priors: bool) -> list[Candida
     if has_priors:
         return list(portfolio)
     out: list[Candidate] = []
-    seen: set[tuple] = set()
+    seen: set[tuple[Any, ...]] = set()
     for c in portfolio:
         run = c.without_priors()
         if run.key() not in seen or run.baseline:

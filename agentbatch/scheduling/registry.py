@@ -7,9 +7,9 @@ resolved by the flows (`agentbatch.protocols.plugins`), which pass the class to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agentbatch.scheduling.admission_control import AdmissionController
 from agentbatch.scheduling.caas import CaasHistoryQueue, CaasQueue
@@ -52,28 +52,33 @@ BUILTIN_POLICIES: dict[str, str] = {
 }
 
 Factory = str | Callable[..., Any]
+P = TypeVar("P")  # a policy role: QueuePolicy, Router or PriorityPolicy
 
 
-def _make(table: dict[str, Callable[..., Any]], what: str, name: Factory, params: dict[str, Any]) -> Any:
-    if callable(name):  # a plugin class, already resolved
-        return name(**params)
-    try:
-        factory = table[name]
-    except KeyError:
-        raise ValueError(f"unknown {what} {name!r}; expected one of {sorted(table)}") from None
-    return factory(**params)
+def _make(table: Mapping[str, Callable[..., P]], role: type[P], what: str, name: Factory, params: dict[str, Any]) -> P:
+    if callable(name):  # a plugin class or factory, already resolved
+        factory: Callable[..., Any] = name
+    else:
+        try:
+            factory = table[name]
+        except KeyError:
+            raise ValueError(f"unknown {what} {name!r}; expected one of {sorted(table)}") from None
+    policy = factory(**params)
+    if not isinstance(policy, role):  # a plugin factory that made something else
+        raise TypeError(f"{what} {name!r} made a {type(policy).__name__}, not a {role.__name__}")
+    return policy
 
 
 def make_queue(name: Factory, **params: Any) -> QueuePolicy:
-    return _make(QUEUE_POLICIES, "queue policy", name, params)
+    return _make(QUEUE_POLICIES, QueuePolicy, "queue policy", name, params)
 
 
 def make_router(name: Factory, **params: Any) -> Router:
-    return _make(ROUTERS, "router", name, params)
+    return _make(ROUTERS, Router, "router", name, params)
 
 
 def make_priority(name: Factory, **params: Any) -> PriorityPolicy:
-    return _make(PRIORITIES, "priority policy", name, params)
+    return _make(PRIORITIES, PriorityPolicy, "priority policy", name, params)
 
 
 @dataclass(frozen=True)

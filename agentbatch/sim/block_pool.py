@@ -206,7 +206,7 @@ class BlockPool:
             if node.ref == 0:
                 self.ref_blocks += len(node.hashes)
             node.ref += 1
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # below `stop` (the root or an ancestor) every node has a parent
 
     def _unref(self, node: PrefixNode) -> None:
         tick = self._tick
@@ -217,7 +217,7 @@ class BlockPool:
                 node.last_used = tick
                 if not node.children:
                     heapq.heappush(self._evictable, (tick, next(self._seq), node))
-            node = node.parent  # type: ignore[assignment]
+            node = node.parent  # type: ignore[assignment]  # below `stop` (the root or an ancestor) every node has a parent
 
     def take_prefix(self, r: EngineRequest, hit: int, junk: int, need: int) -> None:
         """Give `r` the first `hit` cached blocks, `junk` blocks of its own junk run and `need` new ones."""

@@ -18,6 +18,7 @@ the same columns (see REQUIRED / OPTIONAL).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,8 @@ def timings_from_file(path: str | Path) -> Timings:
 
 
 def _overlap(a0: np.ndarray, a1: np.ndarray, b0: float, b1: float) -> np.ndarray:
-    return np.clip(np.minimum(a1, b1) - np.maximum(a0, b0), 0.0, None)
+    overlap: np.ndarray = np.clip(np.minimum(a1, b1) - np.maximum(a0, b0), 0.0, None)
+    return overlap
 
 
 @dataclass
@@ -158,7 +160,7 @@ class _Phases:
     rate_tok: np.ndarray
     rate_pairs: np.ndarray
 
-    def window_for(self, j: int):
+    def window_for(self, j: int) -> Callable[[float, float], tuple[float, float, float, float]]:
         def window(a: float, b: float) -> tuple[float, float, float, float]:
             """Time-averaged decoding seqs and context of the others, and their prefill tokens / pairs
             computed in [a, b]."""
@@ -186,7 +188,8 @@ def burst_delivered(t: Timings) -> np.ndarray:
     per_token = np.where(known, np.nan_to_num(t.decode) / np.clip(t.output - 1, 1, None), np.nan)
     if not known.any():
         return np.zeros(len(t), dtype=bool)
-    return known & (per_token < BURST_FRACTION * np.nanmedian(per_token))
+    burst: np.ndarray = known & (per_token < BURST_FRACTION * np.nanmedian(per_token))
+    return burst
 
 
 def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -203,7 +206,7 @@ def design_rows(t: Timings, base: EngineProfile) -> tuple[np.ndarray, np.ndarray
     def moe(tokens: float) -> float:  # expert-weight read of one step with `tokens` tokens
         if not cost.moe_weight_s:
             return 0.0
-        return cost.moe_weight_s * (1.0 - (1.0 - cost.moe_active_frac) ** tokens)
+        return float(cost.moe_weight_s * (1.0 - (1.0 - cost.moe_active_frac) ** tokens))
 
     def moe_steps(n_it: float, seqs: float, prefill: float, chunk: float) -> float:
         """n_it steps with `seqs` decoding sequences; the `prefill` tokens of the window come in

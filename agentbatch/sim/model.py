@@ -180,11 +180,11 @@ class EngineModel:
         finished: list[RequestStats] = []
         generated = n_decode + self._apply_prefills(scheduled, it, end, finished)
         self._finish_decodes(it, end, finished)
-        c = self.counters
-        c.generation_tokens_total += generated
-        c.prefill_tokens_total += prefill_tokens
-        c.iterations_total += 1
-        c.busy_s_total += duration
+        totals = self.counters
+        totals.generation_tokens_total += generated
+        totals.prefill_tokens_total += prefill_tokens
+        totals.iterations_total += 1
+        totals.busy_s_total += duration
         self._iter = it + 1
         return IterationResult(duration, finished, prefill_tokens, n_decode, attended, step.preempted)
 

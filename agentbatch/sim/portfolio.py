@@ -23,7 +23,8 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from agentbatch.scheduling.portfolio import Candidate, Choice, applicable, candidates, choose
-from agentbatch.sim.virtual_time.simulation import PolicySpec, SimulationCut, VirtualBatch, VirtualConfig
+from agentbatch.scheduling.registry import PolicySpec
+from agentbatch.sim.virtual_time.simulation import SimulationCut, VirtualBatch, VirtualConfig
 from agentbatch.traces.schema import Trace
 
 CANDIDATE_GROUP = "agentbatch.candidates"
@@ -69,7 +70,7 @@ def candidate_config(c: Candidate, base: VirtualConfig, *, samples: int, n_ref: 
         max_active=c.admission_limit(samples=samples, env_slots=base.env_slots, n_ref=n_ref),
         env_queue=PolicySpec(c.env_queue, dict(c.env_queue_params)), inference_queue=PolicySpec(c.inference_queue),
         router=PolicySpec(c.router), priority=PolicySpec(c.priority), admission_order=c.admission_order,
-        admission_control=c.admission_control, priors=dict(priors) if with_priors else None,
+        admission_control=c.admission_control, priors=dict(priors) if with_priors and priors else None,
         context_priors=dict(context_priors) if with_priors and context_priors else None,
     )  # fmt: skip
 

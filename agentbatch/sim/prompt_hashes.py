@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 ROOT_HASH = 0x5EED_CAFE
 _RECENT_FIRST_BLOCKS = 64  # recent prompts kept by first block (shared system prompts)
 
 
-def extend_hashes(hashes: list[int], prompt, start: int, nfull: int, bs: int) -> None:
+def extend_hashes(hashes: list[int], prompt: Sequence[int], start: int, nfull: int, bs: int) -> None:
     """Append the chained hashes of full blocks start..nfull-1 of `prompt` (a list or array of ids).
 
     The blocks' tokens are hashed as 64-bit bytes (one C-level conversion of the new part, then a
@@ -39,7 +40,7 @@ def extend_hashes(hashes: list[int], prompt, start: int, nfull: int, bs: int) ->
 
 @dataclass
 class SampleMemo:
-    prompt: list[int]
+    prompt: Sequence[int]
     length: int
     hashes: list[int]
 
@@ -63,7 +64,7 @@ class PromptHasher:
     def forget(self, sample_id: int) -> None:
         self._memo.pop(sample_id, None)
 
-    def hash_prompt(self, sample_id: int, prompt: list[int]) -> PromptBlocks:
+    def hash_prompt(self, sample_id: int, prompt: Sequence[int]) -> PromptBlocks:
         """Block hashes of the prompt's full blocks. Reuses the hashes of the sample's previous prompt
         for their common prefix (agent turns extend the previous prompt), or, for a sample new to
         this worker, those of a recent prompt with the same first block (a shared system prompt)."""
@@ -84,7 +85,7 @@ class PromptHasher:
         self._remember(sample_id, SampleMemo(prompt, len(prompt), hashes))
         return PromptBlocks(hashes, common)
 
-    def _shared_start(self, prompt, nfull: int) -> list[int]:
+    def _shared_start(self, prompt: Sequence[int], nfull: int) -> list[int]:
         """Hashes of the first block, or of the blocks shared with a recent prompt that starts alike."""
         hashes: list[int] = []
         if nfull:
@@ -110,7 +111,7 @@ class PromptHasher:
             if len(fb) > _RECENT_FIRST_BLOCKS:
                 fb.popitem(last=False)
 
-    def _common_blocks(self, prompt, memo: SampleMemo, nfull: int) -> int:
+    def _common_blocks(self, prompt: Sequence[int], memo: SampleMemo, nfull: int) -> int:
         """Full blocks `prompt` shares with `memo`'s prompt (token comparisons in C)."""
         m = min(nfull, len(memo.hashes))
         if not m:

@@ -6,6 +6,7 @@ record of a request, shared by the request queue, the block pool and the step lo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ class SimRequest:
     # token ids (agentbatch.protocols.tokens), a list or an array('q'); the engine keeps a
     # reference to each sample's last prompt: pass a new object per turn or grow the same one by
     # appends, never shorten or rewrite it in place
-    prompt: list[int]
+    prompt: Sequence[int]
     output_tokens: int
     priority: int = 0
     arrival: float = 0.0  # informational; the model uses the `now` of add_request

@@ -154,7 +154,7 @@ def trace_tight_bound(
 
     def iteration_costs(order: np.ndarray) -> np.ndarray:
         tok, dec, priv = (np.cumsum(a[order]) for a in arrays)
-        return c0 * caps.iterations(tok, dec, priv)
+        return c0 * np.asarray(caps.iterations(tok, dec, priv))
 
     env = window_bound(*per.env, env_slots) if env_slots > 0 else math.inf
     inf = window_bound(*per.inf, workers, overhead=iteration_costs) if workers > 0 else math.inf

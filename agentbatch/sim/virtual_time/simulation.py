@@ -25,7 +25,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from agentbatch.scheduling.admission_control import EngineMeasurements, counters_from_metrics
 from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequence
@@ -157,8 +157,8 @@ class SimulationCut(Exception):
 
 @dataclass
 class RawResult:
-    steps: list[tuple]  # STEP_FIELDS rows (tuples: they become a DataFrame)
-    samples: list[tuple]  # SAMPLE_FIELDS rows
+    steps: list[tuple[Any, ...]]  # STEP_FIELDS rows (tuples: they become a DataFrame)
+    samples: list[tuple[Any, ...]]  # SAMPLE_FIELDS rows
     makespan_s: float
     events: int
     engine_metrics: dict[str, dict[str, float]]
@@ -190,9 +190,9 @@ class _Contexts:
 
     def __init__(self) -> None:
         self._fresh = _FRESH_BASE
-        self._shared: dict[str, array] = {}
+        self._shared: dict[str, array[int]] = {}
 
-    def prompt(self, s: _Sample, length: int) -> array:
+    def prompt(self, s: _Sample, length: int) -> array[int]:
         ctx = s.ctx
         if not ctx and s.trace.shared_prefix_tokens:
             ctx.extend(self._shared_prefix(s.trace.prefix_group, s.trace.shared_prefix_tokens))
@@ -204,7 +204,7 @@ class _Contexts:
         # memo, whose prefix stays valid because a context only grows by appends while it lives.
         return ctx
 
-    def _shared_prefix(self, group: str, n: int) -> array:
+    def _shared_prefix(self, group: str, n: int) -> array[int]:
         shared = self._shared.get(group)
         if shared is None or len(shared) < n:
             base = (zlib.crc32(group.encode()) + 1) << 24
@@ -212,7 +212,7 @@ class _Contexts:
             self._shared[group] = shared
         return shared[:n]
 
-    def extend(self, ctx: array, n: int) -> None:
+    def extend(self, ctx: array[int], n: int) -> None:
         if n <= 0:
             return
         ctx.append(self._fresh)
@@ -253,11 +253,11 @@ class VirtualBatch:
         if self.core.controller is not None and config.inference == "engine":
             self.core.engine_counters = self._engine_counters
         self.busy = [False] * config.workers
-        self._heap: list[tuple] = []
+        self._heap: list[tuple[Any, ...]] = []
         self._seq = 0
         self._ctx = _Contexts()
         self._requests: dict[str, _Running] = {}
-        self._steps: list[tuple] = []
+        self._steps: list[tuple[Any, ...]] = []
         self._wake: deque[Grant] = deque()  # grants to waiters, handled after the current event
         self._events = 0
         priors = config.priors or {}
@@ -301,7 +301,7 @@ class VirtualBatch:
             self._start(self._wake.popleft(), now)
 
     def _start(self, g: Grant, now: float) -> None:
-        s: _Sample = g.ticket.payload  # type: ignore[assignment]
+        s = cast(_Sample, g.ticket.payload)
         if g.resource == ADMISSION:
             s.admitted_at = now
             if self.cfg.sample_start_s > 0:
