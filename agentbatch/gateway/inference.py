@@ -271,7 +271,7 @@ def batch_status(state: GatewayState) -> dict[str, Any]:
     c = state.coordinator
     return {
         "batch_id": state.batch_id, "samples": len(state.registry.samples), "active": state.registry.active,
-        "ended": state.registry.ended, "requests": state.counters.requests, "streamed": state.counters.streamed,
+        "ended": state.registry.ended, "yielded": state.registry.yields, "requests": state.counters.requests, "streamed": state.counters.streamed,
         "failed": state.counters.failed, "tool_calls": state.counters.tool_calls,
         "tool_failures": state.counters.tool_failures, "waiting": dict(state.counters.waiting),
         "in_use": c.in_use(), "peaks": c.peaks(), "sticky": c.sticky, "moves": c.moves,
@@ -282,7 +282,7 @@ def metrics_text(state: GatewayState) -> str:
     """Prometheus text: the gateway's counters and the coordinator's gates."""
     s = batch_status(state)
     lines = []
-    for name in ("samples", "active", "ended", "requests", "streamed", "failed", "tool_calls", "tool_failures",
+    for name in ("samples", "active", "ended", "yielded", "requests", "streamed", "failed", "tool_calls", "tool_failures",
                  "sticky", "moves"):
         lines.append(f"agentbatch_gateway_{name} {s[name]}")
     lines += [f'agentbatch_gateway_waiting{{kind="{k}"}} {v}' for k, v in s["waiting"].items()]

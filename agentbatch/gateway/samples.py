@@ -5,6 +5,13 @@ coordinator before its first step runs. It ends on an explicit finish, on a fina
 assistant message without tool calls, when `end_on_answer`), or when it has been idle for
 `idle_timeout_s`; ending gives the admission slot back. A sample that sends another request after it
 ended runs again (the same row, its step indices continuing) and waits for admission like a new one.
+
+Harnesses rarely say that a sample is done (a react agent's last turn is a `submit` tool call, and
+nobody calls `/finish`), so a sample must not hold its admission slot while nothing happens: when
+samples wait for admission, an admitted sample without a step in flight for longer than its own
+step gaps suggest (`yield_factor` times its longest gap so far, at least `yield_min_s`) yields its
+slot to the first of them. It does not end: its next request takes a slot again, ahead of the
+samples waiting, and the workers keep its prefix.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ class GatewaySample:
     tools_signature: int = 0  # of the last request's tools (recorded again when they change)
     pending_end: SampleEnd | None = None  # an end that waits for the steps in flight
     by_conversation: bool = False  # named by the conversation tree (no explicit id)
+    yielded: bool = False  # gave its admission slot to a waiting sample without ending
+    idle_since: float | None = None  # when its last step ended (no step in flight since)
+    longest_gap: float = 0.0  # its longest time from the end of a step to the start of the next
     ends: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -67,8 +77,12 @@ def _create(session: Session, store: Store, batch_id: int, sample: GatewaySample
 
 class SampleRegistry:
     def __init__(self, coordinator: Coordinator, recorder: StepRecorder, batch_id: int, *,
-                 end_on_answer: bool = True, clock: Callable[[], float] = time.time) -> None:
+                 end_on_answer: bool = True, yield_min_s: float = 1.0, yield_factor: float = 4.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.coordinator = coordinator
+        self.yield_min_s = yield_min_s
+        self.yield_factor = yield_factor
+        self.yields = 0  # admission slots given to waiting samples by idle ones
         self.recorder = recorder
         self.batch_id = batch_id
         self.end_on_answer = end_on_answer
@@ -105,12 +119,15 @@ class SampleRegistry:
         sample.by_conversation |= by_conversation
         sample.in_flight += 1
         sample.last_active = self.clock()
+        if sample.idle_since is not None:
+            sample.longest_gap = max(sample.longest_gap, sample.last_active - sample.idle_since)
+            sample.idle_since = None
         try:
             if not sample.admitted:
                 async with sample.lock:
                     if not sample.admitted:
-                        await self.coordinator.admit(sample.progress)
-                        sample.admitted = True
+                        await self.coordinator.admit(sample.progress, first=sample.yielded)
+                        sample.admitted, sample.yielded = True, False
                         sample.pending_end = None
                         self.recorder.submit(records.admit_sample_at, sample.row, self.clock())
         except BaseException:
@@ -130,6 +147,8 @@ class SampleRegistry:
         """After a step; `answered`: it was a final answer (no tool calls)."""
         sample.in_flight -= 1
         sample.last_active = self.clock()
+        if not sample.in_flight:
+            sample.idle_since = sample.last_active
         if answered and self.end_on_answer and sample.pending_end is None:
             sample.pending_end = SampleEnd("answer")
         if sample.pending_end is not None and sample.in_flight == 0:
@@ -146,11 +165,31 @@ class SampleRegistry:
             self._end(sample, end)
         return True
 
+    def yield_after(self, sample: GatewaySample, idle_timeout_s: float) -> float:
+        """How long `sample` may sit without a step in flight before it yields its admission slot."""
+        return min(idle_timeout_s, max(self.yield_min_s, self.yield_factor * sample.longest_gap))
+
+    def yield_idle(self, idle_timeout_s: float) -> int:
+        """Admitted samples idle past `yield_after` give their slots to the samples waiting for
+        admission (the longest idle first, one per waiting sample); returns how many yielded."""
+        waiting = self.coordinator.waiting_admission
+        if not waiting:
+            return 0
+        now = self.clock()
+        idle = sorted((s for s in self.samples.values() if s.admitted and not s.in_flight
+                       and s.pending_end is None and now - s.last_active >= self.yield_after(s, idle_timeout_s)),
+                      key=lambda s: s.last_active)[:waiting]
+        for sample in idle:
+            sample.admitted, sample.yielded = False, True
+            self.yields += 1
+            self.coordinator.yield_admission(sample.progress)
+        return len(idle)
+
     def end_idle(self, idle_timeout_s: float) -> int:
-        """End the admitted samples without a step for `idle_timeout_s`; returns how many."""
+        """End the samples (admitted or yielded) without a step for `idle_timeout_s`; returns how many."""
         now = self.clock()
         idle = [s for s in self.samples.values()
-                if s.admitted and not s.in_flight and now - s.last_active >= idle_timeout_s]
+                if (s.admitted or s.yielded) and not s.in_flight and now - s.last_active >= idle_timeout_s]
         for sample in idle:
             self._end(sample, SampleEnd("idle"))
         return len(idle)
@@ -158,15 +197,15 @@ class SampleRegistry:
     def end_all(self, reason: str) -> None:
         """End every sample still open (the batch ends); one never admitted ends failed."""
         for sample in self.samples.values():
-            if sample.admitted:
+            if sample.admitted or sample.yielded:
                 self._end(sample, sample.pending_end or SampleEnd(reason))
             elif sample.ends == 0:
                 self._end(sample, SampleEnd(reason, error=f"never admitted: {reason}"))
 
     def _end(self, sample: GatewaySample, end: SampleEnd) -> None:
         sample.pending_end = None
-        if sample.admitted:
-            sample.admitted = False
+        if sample.admitted or sample.yielded:
+            sample.admitted = sample.yielded = False
             sample.ends += 1
             self.ended += 1
             self.coordinator.finish(sample.progress)

@@ -68,7 +68,8 @@ class Gateway:
         # The batch id is known once open() has created the batch.
         self.state = GatewayState(
             batch_id=0, coordinator=coordinator, recorder=recorder, settings=self.settings,
-            registry=SampleRegistry(coordinator, recorder, 0, end_on_answer=self.settings.end_on_answer),
+            registry=SampleRegistry(coordinator, recorder, 0, end_on_answer=self.settings.end_on_answer,
+                                    yield_min_s=self.settings.yield_min_s, yield_factor=self.settings.yield_factor),
             pool=WorkerPool(self.endpoints, self.settings.request_timeout_s),
         )
         self.tools = ToolGateway(self.upstreams, self.state)
@@ -115,10 +116,12 @@ class Gateway:
         return batch_id
 
     async def _sweep(self) -> None:
-        interval = max(0.05, min(5.0, self.settings.idle_timeout_s / 4))
+        idle_timeout = self.settings.idle_timeout_s
+        interval = max(0.05, min(5.0, idle_timeout / 4, self.settings.yield_min_s / 4))
         while True:
             await asyncio.sleep(interval)
-            self.state.registry.end_idle(self.settings.idle_timeout_s)
+            self.state.registry.yield_idle(idle_timeout)
+            self.state.registry.end_idle(idle_timeout)
 
     async def close(self, status: BatchStatus = BatchStatus.COMPLETED, error: str | None = None) -> None:
         """End the open samples, commit every record, mark the batch finished."""

@@ -26,6 +26,10 @@ from agentbatch.tasks.coordinator import Coordinator
 class GatewaySettings:
     idle_timeout_s: float = 300.0  # an admitted sample without a step for this long ends
     end_on_answer: bool = True  # an answer without tool calls ends the sample
+    # While samples wait for admission, one with no step in flight for yield_factor times its longest
+    # step gap (at least yield_min_s) gives its slot to them; its next step takes one again, first.
+    yield_min_s: float = 1.0
+    yield_factor: float = 4.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # inference requests and tool calls
     request_timeout_s: float = 600.0  # per request to a worker
     call_timeout_s: float = 600.0  # per tool call to an upstream MCP server

@@ -123,7 +123,8 @@ class SchedulingCore:
         # or the engine model's KV usage) to the router's view of the workers.
         self.load_hook = load_hook
         self.admission_limit = limits.max_active_samples
-        self.admission = SlotPool(ADMISSION, "active-", limits.effective_active(), FifoQueue())
+        self._admission_queue = FifoQueue()
+        self.admission = SlotPool(ADMISSION, "active-", limits.effective_active(), self._admission_queue)
         self.environment = SlotPool(ENVIRONMENT, "env-", limits.env_slots, env_queue)
         self.workers = {w: SlotPool(w, f"{w}#", limits.per_worker_inflight, inference_queues[w]) for w in workers}
         self._admitted: dict[int, str] = {}  # sample id -> its admission slot
@@ -142,9 +143,13 @@ class SchedulingCore:
     def admission_ticket(self, sample: SampleProgress, now: float) -> StepTicket:
         return StepTicket(sample=sample, kind=StepKind.INFERENCE, step_index=ADMISSION_STEP, enqueued_at=now)
 
-    def submit(self, ticket: StepTicket, now: float) -> list[Grant]:
+    def submit(self, ticket: StepTicket, now: float, *, first: bool = False) -> list[Grant]:
         """A ticket starts waiting: an admission ticket, an environment action or an inference call
-        (routed here; the chosen worker is left in `ticket.worker`)."""
+        (routed here; the chosen worker is left in `ticket.worker`). `first`: an admission ticket
+        goes ahead of the waiting ones (a sample that yielded its slot asks again)."""
+        if first and ticket.step_index == ADMISSION_STEP:
+            self._admission_queue.push_first(ticket)
+            return self._pump(self.admission, now)
         held = self._held_env.get(ticket.sample.sample_id)
         if ticket.kind == StepKind.ENVIRONMENT and held is not None:  # coupled: its own slot
             return [self._record(Grant(ticket, ENVIRONMENT, held), now)]
@@ -181,17 +186,30 @@ class SchedulingCore:
         return self._pool_for(ticket, route=False).queue.remove(ticket)
 
     def finish(self, sample: SampleProgress, now: float) -> list[Grant]:
-        """The sample ended: its admission slot (and, coupled, its environment slot) is free."""
+        """The sample ended: its admission slot (and, coupled, its environment slot) is free; a
+        sample that had yielded its slot holds none."""
         sid = sample.sample_id
         self.samples_finished += 1
-        self.admission.give(self._admitted.pop(sid))
-        held = self._held_env.pop(sid, None)
-        if held is not None:
-            self.environment.give(held)
+        self._give_admission(sid)
         for cached in self._cached.values():
             cached.discard(sid)
         self.router.on_sample_finished(sid)
         return self._pump(self.admission, now)
+
+    def yield_admission(self, sample: SampleProgress, now: float) -> list[Grant]:
+        """An admitted sample with no step in flight gives its admission slot to a waiting sample
+        without ending: the workers keep its prefix, and it asks again (`submit(..., first=True)`)
+        with its next step."""
+        self._give_admission(sample.sample_id)
+        return self._pump(self.admission, now)
+
+    def _give_admission(self, sid: int) -> None:
+        slot = self._admitted.pop(sid, None)
+        if slot is not None:
+            self.admission.give(slot)
+        held = self._held_env.pop(sid, None)
+        if held is not None:
+            self.environment.give(held)
 
     def set_admission_limit(self, limit: int, now: float) -> list[Grant]:
         """Change how many samples may be admitted at once (an admission controller's knob). A lower

@@ -67,6 +67,11 @@ class FifoQueue(QueuePolicy):
     def _push(self, ticket: StepTicket) -> None:
         self._items.append(ticket)
 
+    def push_first(self, ticket: StepTicket) -> None:
+        """Queue `ticket` ahead of every waiting one."""
+        ticket.seq = next(self._seq)
+        self._items.appendleft(ticket)
+
     def pop(self, now: float) -> StepTicket:
         return self._items.popleft()
 

@@ -89,8 +89,18 @@ class Coordinator:
         return self.core.moves
 
     # --- samples ------------------------------------------------------------------------------------
-    async def admit(self, sample: SampleProgress) -> None:
-        await self._acquire(self.core.admission_ticket(sample, self.clock()))
+    async def admit(self, sample: SampleProgress, *, first: bool = False) -> None:
+        """Wait for an admission slot; `first`: ahead of the samples waiting (one that yielded)."""
+        await self._acquire(self.core.admission_ticket(sample, self.clock()), first=first)
+
+    def yield_admission(self, sample: SampleProgress) -> None:
+        """The sample gives its admission slot to a waiting one without ending (`admit(first=True)`
+        takes one again)."""
+        self._deliver(self.core.yield_admission(sample, self.clock()))
+
+    @property
+    def waiting_admission(self) -> int:
+        return len(self.core.admission.queue)
 
     def finish(self, sample: SampleProgress) -> None:
         self._deliver(self.core.finish(sample, self.clock()))
@@ -137,8 +147,8 @@ class Coordinator:
         return self.core.in_use()
 
     # --- the driver ---------------------------------------------------------------------------------
-    async def _acquire(self, ticket: StepTicket) -> str:
-        own = self._deliver(self.core.submit(ticket, self.clock()), own=ticket)
+    async def _acquire(self, ticket: StepTicket, *, first: bool = False) -> str:
+        own = self._deliver(self.core.submit(ticket, self.clock(), first=first), own=ticket)
         if own is not None:
             return own
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()

@@ -46,7 +46,8 @@ def test_admission_waits_and_samples_end_on_answer_idle_and_finish(sqlite_url):
     """One admission slot: a second sample's first request waits until the first sample ends (here
     by its idle timeout; its answer does not end it with end_on_answer off)."""
     store = Store(sqlite_url)
-    settings = GatewaySettings(idle_timeout_s=1.5, end_on_answer=False, metrics_interval_s=0)
+    # yield_min_s over the idle timeout: A does not yield its slot before the idle timeout ends it.
+    settings = GatewaySettings(idle_timeout_s=1.5, yield_min_s=60, end_on_answer=False, metrics_interval_s=0)
     with sim_workers(1) as endpoints:
         config = gateway_config(endpoints, max_active_samples=1)
         with serve_gateway(store, config, endpoints, settings=settings) as gw:
