@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_option(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8100, help="TCP port")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a host name requests may name in their Host header, besides the --host address and "
+                   "localhost (repeatable; '*': any, e.g. behind a proxy that checks it)")
     p.add_argument("--mcp", action="append", default=[], metavar="NAME=URL|NAME=COMMAND",
                    help="an upstream MCP server for the tool gateway: a streamable-HTTP URL or a command "
                    "started over stdio (repeatable)")
@@ -84,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
     quiet_prefect_defaults()
     options = {"db": args.db, "host": args.host, "port": args.port, "expect": args.expect,
                "report": str(args.report) if args.report else None, "progress": not args.no_progress,
-               "idle_timeout": args.idle_timeout, "end_on_answer": not args.no_end_on_answer}
+               "idle_timeout": args.idle_timeout, "end_on_answer": not args.no_end_on_answer,
+               "allow_host": list(args.allow_host)}
     try:
         if args.no_prefect:
             batch_id = asyncio.run(serve_gateway(checked, options))
@@ -135,7 +139,8 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
                       batch=batch, upstreams=upstreams,
                       settings=GatewaySettings(idle_timeout_s=options["idle_timeout"],
                                                end_on_answer=options["end_on_answer"],
-                                               retry=config.retries.policy()))
+                                               retry=config.retries.policy(), bind_host=options["host"],
+                                               allowed_hosts=tuple(options.get("allow_host") or ())))
     server = uvicorn_server(gateway)
     watcher = asyncio.create_task(_watch(gateway, options))
     try:
