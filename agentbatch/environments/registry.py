@@ -35,8 +35,8 @@ def make_workload(kind: str, params: dict[str, Any], batch_id: int | None = None
     sandboxes of a batch, also after a crash) get a stable one derived from the batch id."""
     plugin = workload_plugin(kind)
     kwargs = plugin.validate(params)
-    if batch_id is not None and _accepts(plugin.obj, "batch_label"):
-        kwargs.setdefault("batch_label", f"batch-{batch_id}")
+    if batch_id is not None and kwargs.get("batch_label") is None and _accepts(plugin.obj, "batch_label"):
+        kwargs["batch_label"] = f"batch-{batch_id}"
     return plugin.obj(**kwargs)
 
 

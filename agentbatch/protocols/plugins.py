@@ -12,7 +12,7 @@ Every plugin declares its parameters as a pydantic model: a `Params` attribute o
 class, or a function given the attribute), else one derived from the signature of the class's
 `__init__` (workloads, policies). `Plugin.validate(params)` checks a config's `params` against it:
 unknown keys, wrong types (`true` for an integer), non-finite numbers are refused before anything
-runs.
+runs; the model's defaults fill in the keys the config left out, so a default is written once.
 """
 
 from __future__ import annotations
@@ -67,10 +67,13 @@ class Plugin:
         return params_model(self.obj, self.what)
 
     def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The params, checked against the plugin's model (pydantic ValidationError if wrong); only
-        the keys given are returned, so the plugin's own defaults apply to the rest."""
+        """The params, checked against the plugin's model (pydantic ValidationError if wrong), with the
+        model's defaults filled in: a plugin declares each default once, in its `Params`, and its
+        `__init__` (or factory) receives every field."""
         model = self.params_model.model_validate(dict(params))
-        return model.model_dump(exclude_unset=True) if type(model).model_fields else dict(params)
+        if not type(model).model_fields:
+            return dict(params)
+        return model.model_dump()
 
 
 def registered(what: PluginKind) -> dict[str, str]:

@@ -11,7 +11,7 @@ from agentbatch.engines.registry import make_engines
 from agentbatch.environments.registry import make_workload
 from agentbatch.flows.config import ConfigError, policy_plugin, validate_config
 from agentbatch.protocols.environment import GroundTruthTurn, RecordedTurn, ground_truth_turns
-from agentbatch.protocols.plugins import PluginError, registered, resolve
+from agentbatch.protocols.plugins import PluginError, PluginParams, registered, resolve
 
 pytestmark = pytest.mark.usefixtures("toolbench_installed")
 
@@ -22,11 +22,32 @@ def test_three_kind_forms_resolve_and_validate(kind: str) -> None:
     plugin = resolve("workload", kind)
     assert plugin.kind == kind and ":" in plugin.target
     params = {"limit": 2} if kind == "bfcl" else {"tasks_per_suite": 2}
-    assert plugin.validate(params) == params
+    validated = plugin.validate(params)
+    assert validated.items() >= params.items()  # what the config gave, and the model's defaults for the rest
     with pytest.raises(Exception, match="Extra inputs"):
         plugin.validate({"no_such_param": 1})
     config = validate_config({"workload": {"kind": kind, "params": params}})
     assert config.workload_plugin().obj is plugin.obj
+
+
+class DeclaredOnce:
+    """A workload whose defaults live only in its Params model."""
+
+    class Params(PluginParams):
+        size: int = 3
+        label: str = "x"
+
+    def __init__(self, size: int, label: str) -> None:  # no defaults here: the model's are passed
+        self.size, self.label = size, label
+
+
+def test_defaults_come_from_the_params_model() -> None:
+    plugin = resolve("workload", f"{__name__}:DeclaredOnce")
+    assert plugin.validate({"size": 5}) == {"size": 5, "label": "x"}
+    built = plugin.obj(**plugin.validate({}))
+    assert (built.size, built.label) == (3, "x")
+    bfcl = resolve("workload", "bfcl")
+    assert bfcl.validate({"limit": 2}) == {"categories": None, "limit": 2, "seed": None, "task_ids": None}
 
 
 def test_builtin_kinds_are_entry_points_of_agentbatch_itself() -> None:
