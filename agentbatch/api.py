@@ -9,8 +9,11 @@
 `run` takes a config (a file, a mapping or a `BatchConfig`) and/or objects: a workload, engine or
 policy given as a class or factory function becomes the kind "module:Object" (so `resume` in another
 process finds it again: define it in an importable module). The config is validated whole before
-anything is written (`ConfigError`). Called inside a Prefect flow, the batch runs as a subflow. In
-async code (a notebook's running event loop, an async flow) use `await arun(...)` / `await aresume(...)`.
+anything is written (`ConfigError`). A run starts as `agentbatch run` starts it (`flows/launch.py`):
+the same Prefect server (PREFECT_API_URL, else the local server; `AGENTBATCH_PREFECT_SERVER=ephemeral`
+for Prefect's temporary one), the store URL's password never in a flow-run parameter, secrets hidden
+in logs. Called inside a Prefect flow, the batch runs as a subflow on that flow's server. In async
+code (a notebook's running event loop, an async flow) use `await arun(...)` / `await aresume(...)`.
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def _policies_as_kinds(section: Mapping[str, Any]) -> dict[str, Any]:
 def _store(db: str | None) -> Any:
     from agentbatch.db.engine import resolve_url
     from agentbatch.db.store import Store
-    from agentbatch.flows.commands._inputs import db_url_error
+    from agentbatch.flows.store_url import db_url_error
 
     url = resolve_url(db)
     if error := db_url_error(url, arg="db"):
@@ -120,7 +123,7 @@ def _store(db: str | None) -> Any:
 
 def _result(store: Any, batch_id: int, wall_s: float, report_path: str | None) -> BatchResult:
     from agentbatch.dashboards.summary import summarize
-    from agentbatch.flows.commands._inputs import shown_url
+    from agentbatch.flows.store_url import shown_url
 
     summary = summarize(store, batch_id)
     samples = [SampleResult(s.index, s.task_id, s.task_group, s.status, s.score, s.steps_done, s.result, s.error)
@@ -133,27 +136,23 @@ def _result(store: Any, batch_id: int, wall_s: float, report_path: str | None) -
     )
 
 
-async def _execute(store: Any, batch_id: int, show_progress: bool, report_dir: str | Path | None) -> BatchResult:
-    from agentbatch.flows.batch import BatchOutcome, batch_flow
-    from agentbatch.flows.identity import named_batch_flow
-
-    named, tags = named_batch_flow(batch_flow, store, batch_id)
-    with tags:
-        raw = await named(batch_id, store.url, show_progress, str(report_dir) if report_dir else None, None)
-    outcome = BatchOutcome(**raw)
-    return _result(store, batch_id, outcome.wall_s, outcome.report_path)
-
-
 async def arun(config: BatchConfig | Mapping[str, Any] | str | Path | None = None, *, db: str | None = None,
                report_dir: str | Path | None = None, show_progress: bool = False, **overrides: Any) -> BatchResult:
     """Create a batch and run it (awaitable; a subflow inside a Prefect flow). See `build_config`."""
-    from agentbatch.flows.batch import create_batch
+    from agentbatch.flows.launch import prepare_launch, wait_for_prefect
 
     batch_config = build_config(config, **overrides)
+    api = prepare_launch()  # the Prefect server `agentbatch run` uses, chosen as it does
+    from agentbatch.flows.batch import create_batch, launch_batch, plan_batch
+
+    plan = plan_batch(batch_config)  # the workload, built once for the run
+    wait_for_prefect(api)
     store = _store(db)
     try:
-        batch_id = create_batch(batch_config, store)
-        return await _execute(store, batch_id, show_progress, report_dir)
+        batch_id = create_batch(plan, store)
+        outcome = await launch_batch(store, batch_id, api=api, workload=plan.workload, show_progress=show_progress,
+                                     report_dir=Path(report_dir) if report_dir else None)
+        return _result(store, batch_id, outcome.wall_s, outcome.report_path)
     finally:
         store.close()
 
@@ -161,13 +160,21 @@ async def arun(config: BatchConfig | Mapping[str, Any] | str | Path | None = Non
 async def aresume(batch_id: int, *, db: str | None = None, report_dir: str | Path | None = None,
                   show_progress: bool = False) -> BatchResult:
     """Continue an interrupted batch: completed steps are not executed again."""
+    from agentbatch.flows.launch import prepare_launch, wait_for_prefect
+
+    api = prepare_launch()
+    from agentbatch.flows.batch import launch_batch
+
     store = _store(db)
     try:
         row = store.get_batch(batch_id)
         if row is None:
             raise ValueError(f"no batch {batch_id} in this store")
         validate_config(row.config, source=f"batch {batch_id}'s stored config")
-        return await _execute(store, batch_id, show_progress, report_dir)
+        wait_for_prefect(api)
+        outcome = await launch_batch(store, batch_id, api=api, show_progress=show_progress,
+                                     report_dir=Path(report_dir) if report_dir else None)
+        return _result(store, batch_id, outcome.wall_s, outcome.report_path)
     finally:
         store.close()
 

@@ -56,7 +56,8 @@ def suite_key(workload_kind: str, params: dict[str, Any], task_ids: Iterable[str
 
 def config_suite_key(config: dict[str, Any], task_ids: Iterable[str]) -> str:
     workload = config.get("workload") or {}
-    return suite_key(str(workload.get("kind", "")), dict(workload.get("params") or {}), task_ids)
+    params = {k: v for k, v in (workload.get("params") or {}).items() if k != "batch_label"}  # names one run's sandboxes
+    return suite_key(str(workload.get("kind", "")), params, task_ids)
 
 
 @dataclass

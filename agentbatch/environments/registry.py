@@ -40,6 +40,14 @@ def make_workload(kind: str, params: dict[str, Any], batch_id: int | None = None
     return plugin.obj(**kwargs)
 
 
+def takes_batch_label(kind: str) -> bool:
+    """Whether the workload labels its sandboxes by batch (a `batch_label` its parameters may name)."""
+    plugin = workload_plugin(kind)
+    model = plugin.params_model
+    return _accepts(plugin.obj, "batch_label") and (
+        "batch_label" in model.model_fields or model.model_config.get("extra") == "allow")
+
+
 def _accepts(factory: Any, name: str) -> bool:
     try:
         return name in inspect.signature(factory).parameters

@@ -1,8 +1,10 @@
 """The batch flow: run (or resume) every sample of a batch as a chain of Prefect tasks.
 
-`run_batch(config, store)` creates the batch in the store and runs the flow; `resume_batch` runs the
-same flow again on an interrupted batch: completed steps are taken from the store, steps left
-`running` by the dead process are marked abandoned and tried again.
+A run builds each thing once and hands it down: `plan_batch` builds the workload and lists its tasks,
+`create_batch` writes the batch to the store the launcher opened, `launch_batch` runs the flow on that
+store and workload (`flows/launch.py`: the Prefect server, secrets), `execute_batch` builds the
+engines, the coordinator and the steps' context, and drives the samples. Resuming runs the same flow
+on an interrupted batch: completed steps are taken from the store and not executed again.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
+from prefect import Flow, flow
 from prefect.context import FlowRunContext
 
 from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts, write_report_if
@@ -27,13 +30,16 @@ from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.engines.registry import make_engines
-from agentbatch.environments.registry import make_workload
+from agentbatch.environments.registry import make_workload, takes_batch_label
 from agentbatch.flows.config import BatchConfig, check_task_names
-from agentbatch.flows.identity import named_batch_flow, untagged_task_runs
+from agentbatch.flows.identity import batch_tags, flow_run_name, slug, untagged_task_runs
+from agentbatch.flows.launch import launch_flow, prepare_launch, wait_for_prefect
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
-from agentbatch.flows.orphans import guard_prefect_server
+from agentbatch.flows.prefect_server import PrefectApi
 from agentbatch.flows.progress import BatchWatch
-from agentbatch.protocols.secrets import from_stored, install_log_redaction, to_stored
+from agentbatch.flows.store_url import shown_url
+from agentbatch.protocols.environment import EnvironmentFactory
+from agentbatch.protocols.secrets import from_stored, to_stored
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.admission_order import admission_sequence
 from agentbatch.scheduling.policies import AdmissionLimits
@@ -62,20 +68,50 @@ class BatchOutcome:
     report_path: str | None = None
 
 
-def workload_tasks(config: BatchConfig) -> list[tuple[str, dict[str, Any], str | None]]:
-    """The (task id, task data, group) of every sample; raises ValueError for a workload that cannot run."""
+@dataclass(eq=False)
+class BatchPlan:
+    """A batch before it is written: its config, the workload built once for the run, and its tasks
+    (task id, task data, group) as the samples are created."""
+
+    config: BatchConfig
+    workload: EnvironmentFactory
+    tasks: list[tuple[str, dict[str, Any], str | None]]
+
+
+def plan_batch(config: BatchConfig) -> BatchPlan:
+    """Build the workload and list its tasks; raises ValueError for a workload that cannot run. A
+    workload that labels its sandboxes gets its label now, kept in the batch's stored config, so that
+    a resume in another process labels (and cleans up) the same containers."""
+    config = with_batch_label(config)
     workload = make_workload(config.workload.kind, config.workload.params)
     tasks = workload.tasks()
     if not tasks:
         raise ValueError(f"workload {config.workload.kind!r} with params {config.workload.params} has no tasks")
     check_task_names(tasks)
-    return [(t.task_id, t.data, t.group or None) for t in tasks]
+    return BatchPlan(config, workload, [(t.task_id, t.data, t.group or None) for t in tasks])
 
 
-def create_batch(config: BatchConfig, store: Store, tasks: list[tuple[Any, ...]] | None = None) -> int:
-    """Write the batch and its samples (listing the workload's tasks unless given)."""
-    tasks = workload_tasks(config) if tasks is None else tasks
-    return store.create_batch(config.name, to_stored(config.model_dump(mode="json")), tasks)  # secrets: env refs
+def with_batch_label(config: BatchConfig) -> BatchConfig:
+    """The config with `workload.params.batch_label` set when the workload takes one and none is given."""
+    params = config.workload.params
+    if "batch_label" in params or not takes_batch_label(config.workload.kind):
+        return config
+    label = f"{slug(config.name, 40)}-{uuid.uuid4().hex[:8]}"
+    workload = config.workload.model_copy(update={"params": {**params, "batch_label": label}})
+    return config.model_copy(update={"workload": workload})
+
+
+def workload_tasks(config: BatchConfig) -> list[tuple[str, dict[str, Any], str | None]]:
+    """The (task id, task data, group) of every sample (for commands that create no batch)."""
+    return plan_batch(config).tasks
+
+
+def create_batch(config: BatchConfig | BatchPlan, store: Store) -> int:
+    """Write the batch and its samples. Given a config, it is planned here and its workload only lists
+    the tasks (`execute_batch` then builds the one it runs); launchers pass their `plan_batch`."""
+    plan = config if isinstance(config, BatchPlan) else plan_batch(config)
+    data = to_stored(plan.config.model_dump(mode="json"))  # secrets: environment references
+    return store.create_batch(plan.config.name, data, plan.tasks)
 
 
 def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool = False) -> Coordinator:
@@ -125,6 +161,7 @@ class _LiveBatch:
     batch: BatchContext
     engines: list[Any]
     events: StepEvents | None  # chains mode: the steps as Prefect events
+    owns_workload: bool  # built here (closed at the end), else by the run's launcher
     priors: dict[str, float] = field(default_factory=dict)
     total: int = 0
 
@@ -147,10 +184,23 @@ def _claim(store: Store, batch_id: int, fail_on_error: str | None, claim_limit: 
     return _Claim(config, keeper, todo)
 
 
-def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper, todo: list[Any],
+def batch_workload(store: Store, batch_id: int) -> EnvironmentFactory:
+    """The workload of a batch in the store, built from its stored config (a resume, a joining worker)."""
+    row = store.get_batch(batch_id)
+    if row is None:
+        raise ValueError(f"no batch {batch_id} in {shown_url(store.url)}")
+    config = BatchConfig.model_validate(from_stored(row.config))
+    return make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
+
+
+def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFactory | None,
           use_prefect: bool) -> _LiveBatch:
-    """Workload, engines, the coordinator (bound to the flow's task runner) and the batch context."""
-    workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
+    """Engines, the coordinator (bound to the flow's task runner) and the batch context; the workload
+    unless the run was given the one it built (`plan_batch`)."""
+    config, keeper, todo = claim.config, claim.keeper, claim.todo
+    owned = workload is None
+    if workload is None:
+        workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
     engines = make_engines(config.engine.kind, config.engine.params, workload)
     coordinator = build_coordinator(config, [e.name for e in engines])
     ctx = FlowRunContext.get()
@@ -168,7 +218,7 @@ def _open(store: Store, batch_id: int, config: BatchConfig, keeper: LeaseKeeper,
     todo = keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
     if config.scheduling.env_slots_scope == "batch":
         keeper.on_owners = env_slot_share(config.scheduling.env_slots, keeper, coordinator)
-    live = _LiveBatch(config, keeper, todo, batch, engines, events, total=len(store.samples(batch_id)))
+    live = _LiveBatch(config, keeper, todo, batch, engines, events, owned, total=len(store.samples(batch_id)))
     plan = admission_todo(config, store, batch_id, todo)
     live.todo, live.priors = plan.todo, plan.priors  # the order they queue for admission
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
@@ -253,24 +303,25 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
             live.events.close()  # after the writer: every committed step is in the last events
         for e in live.engines:
             await e.aclose()
-        await batch.workload.aclose()
+        if live.owns_workload:
+            await batch.workload.aclose()
     return None
 
 
-async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True,
-                        show_progress: bool | None = None, report_dir: Path | None = None,
+async def execute_batch(store: Store, batch_id: int, *, workload: EnvironmentFactory | None = None,
+                        use_prefect: bool = True, show_progress: bool | None = None, report_dir: Path | None = None,
                         fail_on_error: str | None = None, claim_limit: int | None = None) -> BatchOutcome:
     """Run the pending and interrupted samples of a batch that no other process drives (sample
-    leases). With use_prefect=False the same chains run in plain asyncio (the overhead benchmark's
-    baseline)."""
+    leases). `workload`: the one the run's launcher built (and closes); else one is built here. With
+    use_prefect=False the same chains run in plain asyncio (the overhead benchmark's baseline)."""
     claim = _claim(store, batch_id, fail_on_error, claim_limit)
-    config, keeper, todo = claim.config, claim.keeper, claim.todo
-    if not todo:  # finished, or every unfinished sample is driven by another process
+    config, keeper = claim.config, claim.keeper
+    if not claim.todo:  # finished, or every unfinished sample is driven by another process
         idle = idle_run(keeper)
         log.info("%s", idle.message)
         return BatchOutcome(batch_id=batch_id, status=idle.status, samples=idle.samples,
                             completed=idle.samples - idle.failed, failed=idle.failed, wall_s=0.0)
-    live = _open(store, batch_id, config, keeper, todo, use_prefect)
+    live = _open(store, batch_id, claim, workload, use_prefect)
     total, coordinator = live.total, live.batch.coordinator
     # The terminal bar or log lines, the store's heartbeat, logs to the flow run (flows/progress.py).
     bar = BatchWatch.start(store, batch_id, total=total, done=total - len(live.todo), show_progress=show_progress,
@@ -293,42 +344,55 @@ async def execute_batch(store: Store, batch_id: int, *, use_prefect: bool = True
     )
 
 
-@flow(name="agentbatch-batch", task_runner=CoordinatedTaskRunner(), validate_parameters=False,
-      persist_result=False, log_prints=False)
-async def batch_flow(batch_id: int, db_url: str, show_progress: bool | None = None,
-                     report_dir: str | None = None, fail_on_error: str | None = None) -> dict[str, Any]:
-    store = Store(from_stored({"db_url": db_url})["db_url"])  # the parameter Prefect keeps has no password
-    try:
-        outcome = await execute_batch(store, batch_id, show_progress=show_progress,
+def batch_flow(store: Store, workload: EnvironmentFactory | None = None) -> Flow[..., Any]:
+    """The batch's Prefect flow (`agentbatch-batch`), run on the store (and workload) this process
+    opened. Its parameters are what the Prefect server records: the batch id, the store URL (its
+    password an environment reference, `flows/launch.py`) and the run's options."""
+
+    @flow(name="agentbatch-batch", task_runner=CoordinatedTaskRunner(), validate_parameters=False,
+          persist_result=False, log_prints=False)
+    async def agentbatch_batch(batch_id: int, db_url: str, show_progress: bool | None = None,
+                               report_dir: str | None = None, fail_on_error: str | None = None) -> dict[str, Any]:
+        outcome = await execute_batch(store, batch_id, workload=workload, show_progress=show_progress,
                                       report_dir=Path(report_dir) if report_dir else None,
                                       fail_on_error=fail_on_error)
+        return outcome.__dict__
+
+    return agentbatch_batch
+
+
+async def launch_batch(store: Store, batch_id: int, *, api: PrefectApi, workload: EnvironmentFactory | None = None,
+                       show_progress: bool | str | None = None, report_dir: Path | None = None,
+                       fail_on_error: str | None = None) -> BatchOutcome:
+    """Run a batch of this store as its flow run `batch-<id>-<name>` (tagged with the batch and the
+    store) through `launch_flow`; the workload, when given, is closed at the end."""
+    row = store.get_batch(batch_id)
+    if row is None:
+        raise ValueError(f"no batch {batch_id} in {shown_url(store.url)}")
+    params = {"batch_id": batch_id, "db_url": store.url, "show_progress": show_progress,
+              "report_dir": str(report_dir) if report_dir else None, "fail_on_error": fail_on_error}
+    try:
+        result = await launch_flow(batch_flow(store, workload), params, api=api,
+                                   run_name=flow_run_name(batch_id, row.name), tags=batch_tags(store.url, batch_id))
     finally:
-        store.close()
-    return outcome.__dict__
-
-
-def run_flow(store: Store, batch_id: int, *, show_progress: bool | None = None,
-             report_dir: Path | None = None, fail_on_error: str | None = None) -> BatchOutcome:
-    guard_prefect_server()  # Prefect's temporary server, if it starts one, dies with this process
-    named, tags = named_batch_flow(batch_flow, store, batch_id)  # flow run `batch-<id>-<name>`, tags
-    with tags:
-        install_log_redaction()
-        db_param = to_stored({"db_url": store.url})["db_url"]  # a password stays in this process's env
-        result = asyncio.run(named(batch_id, db_param, show_progress, str(report_dir) if report_dir else None,
-                                   fail_on_error))
+        if workload is not None:
+            await workload.aclose()
     return BatchOutcome(**result)
+
+
+def run_flow(store: Store, batch_id: int, *, workload: EnvironmentFactory | None = None,
+             show_progress: bool | str | None = None, report_dir: Path | None = None,
+             fail_on_error: str | None = None) -> BatchOutcome:
+    """`launch_batch` from synchronous code, on the Prefect server `prepare_launch` chooses."""
+    api = prepare_launch()
+    wait_for_prefect(api)
+    return asyncio.run(launch_batch(store, batch_id, api=api, workload=workload, show_progress=show_progress,
+                                    report_dir=report_dir, fail_on_error=fail_on_error))
 
 
 def run_batch(config: BatchConfig, store: Store, *, show_progress: bool | None = None) -> int:
     """Create a batch from a config and run it through the Prefect flow; returns the batch id."""
-    batch_id = create_batch(config, store)
-    run_flow(store, batch_id, show_progress=show_progress)
+    plan = plan_batch(config)
+    batch_id = create_batch(plan, store)
+    run_flow(store, batch_id, workload=plan.workload, show_progress=show_progress)
     return batch_id
-
-
-def resume_batch(store: Store, batch_id: int, *, show_progress: bool | None = None,
-                 report_dir: Path | None = None, fail_on_error: str | None = None) -> BatchOutcome:
-    if store.get_batch(batch_id) is None:
-        raise ValueError(f"no batch {batch_id} in {store.url}")
-    return run_flow(store, batch_id, show_progress=show_progress, report_dir=report_dir,
-                    fail_on_error=fail_on_error)

@@ -24,9 +24,10 @@ from prefect import flow
 
 from agentbatch.db import history as db_history
 from agentbatch.db.store import Store
-from agentbatch.flows.batch import create_batch, execute_batch, workload_tasks
+from agentbatch.flows.batch import create_batch, execute_batch, plan_batch
 from agentbatch.flows.config import BatchConfig, ConfigError, load_config
 from agentbatch.flows.overrides import apply_overrides
+from agentbatch.protocols.secrets import install_log_redaction
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 
 FLOW_NAME = "agentbatch-scheduled-eval"
@@ -69,20 +70,21 @@ async def scheduled_eval(config: dict[str, Any] | None = None, config_path: str 
     suite's previous run (a markdown artifact flags regressions beyond the thresholds)."""
     from agentbatch.dashboards.history import diff_with_previous, publish_diff_artifact
 
-    cfg = resolve_config(config, config_path, overrides)
-    tasks = workload_tasks(cfg)
+    install_log_redaction()  # as every launch (flows/launch.py); this flow runs where a worker starts it
+    plan = plan_batch(resolve_config(config, config_path, overrides))  # the workload, built once for the run
     store = Store(db_url)
     try:
-        batch_id = create_batch(cfg, store, tasks)
+        batch_id = create_batch(plan, store)
         deployment, deployment_id = _deployment_origin()
         db_history.record_origin(store, batch_id, tag=tag, deployment=deployment, deployment_id=deployment_id)
         out = Path(report_dir) / f"batch-{batch_id}" if report_dir else None
-        outcome = await execute_batch(store, batch_id, show_progress=False, report_dir=out)
+        outcome = await execute_batch(store, batch_id, workload=plan.workload, show_progress=False, report_dir=out)
         diff = diff_with_previous(store, batch_id, threshold=score_threshold, makespan_threshold=makespan_threshold)
         await publish_diff_artifact(store, batch_id, diff, deployment)
         return {**outcome.__dict__, "previous_batch_id": diff.before.batch_id if diff else None,
                 "regressions": diff.regressions if diff else 0, "flags": diff.flags if diff else []}
     finally:
+        await plan.workload.aclose()
         store.close()
 
 

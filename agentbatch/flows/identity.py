@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any
 
 from agentbatch.dashboards.artifacts import store_tag
 
@@ -22,16 +21,6 @@ def flow_run_name(batch_id: int, name: str) -> str:
 
 def batch_tags(store_url: str, batch_id: int) -> list[str]:
     return ["agentbatch", f"batch-{batch_id}", f"store-{store_tag(store_url)}"]
-
-
-def named_batch_flow(flow_obj: Any, store: Any, batch_id: int) -> tuple[Any, contextlib.AbstractContextManager[Any]]:
-    """The batch flow renamed for this batch, and the tags context to call it in."""
-    from prefect import tags
-
-    row = store.get_batch(batch_id)
-    name = row.name if row is not None else "batch"
-    return (flow_obj.with_options(flow_run_name=flow_run_name(batch_id, name)),
-            tags(*batch_tags(store.url, batch_id)))
 
 
 @contextlib.contextmanager

@@ -9,32 +9,30 @@ or many, over one PostgreSQL store) split a batch between them. Two ways to star
   and creates N flow runs of it; `prefect worker start --pool POOL` on each machine runs them.
 
 The store URL is a flow-run parameter, which the Prefect server keeps in plain text: it holds the
-password as a reference (`${AGENTBATCH_SECRET_DB_URL_PASSWORD}`, from `protocols/secrets.py`) that
-each worker resolves from its own environment, or from its AGENTBATCH_DB_URL when that names the
-same database.
+password as a reference (`${AGENTBATCH_SECRET_DB_URL_PASSWORD}`, `flows/store_url.py`) that each
+worker resolves from its own environment, or from its AGENTBATCH_DB_URL when that names the same
+database.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import flow
-from sqlalchemy.engine import make_url
 
 from agentbatch.dashboards.artifacts import store_tag
 from agentbatch.db.store import Store
-from agentbatch.flows.batch import execute_batch
+from agentbatch.flows.batch import batch_workload, execute_batch
 from agentbatch.flows.identity import batch_tags, flow_run_name
 from agentbatch.flows.leased import BUSY
-from agentbatch.protocols.secrets import ENV_REF, MissingSecret, from_stored, install_log_redaction, to_stored
+from agentbatch.flows.store_url import flow_param_url, url_from_param
+from agentbatch.protocols.secrets import ENV_REF, install_log_redaction
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 
 FLOW_NAME = "agentbatch-join"
-DB_PASSWORD_VARIABLE = "AGENTBATCH_SECRET_DB_URL_PASSWORD"  # what to_stored names the db_url's password
 
 
 def unfinished(store: Store, batch_id: int) -> int:
@@ -43,24 +41,26 @@ def unfinished(store: Store, batch_id: int) -> int:
 
 
 async def work(store: Store, batch_id: int, chunk: int, poll_s: float, show_progress: bool | None) -> dict[str, Any]:
-    """Claim, run, repeat; wait while others hold the rest (their leases may still expire)."""
+    """Claim, run, repeat; wait while others hold the rest (their leases may still expire). The
+    workload is built once for all the chunks this worker runs."""
     chunks = samples = 0
-    while unfinished(store, batch_id):
-        outcome = await execute_batch(store, batch_id, show_progress=show_progress, claim_limit=chunk)
-        if outcome.status == BUSY:
-            await asyncio.sleep(poll_s)
-            continue
-        chunks += 1
-        samples = outcome.samples
+    workload = None
+    try:
+        while unfinished(store, batch_id):
+            workload = workload or batch_workload(store, batch_id)
+            outcome = await execute_batch(store, batch_id, workload=workload, show_progress=show_progress,
+                                          claim_limit=chunk)
+            if outcome.status == BUSY:
+                await asyncio.sleep(poll_s)
+                continue
+            chunks += 1
+            samples = outcome.samples
+    finally:
+        if workload is not None:
+            await workload.aclose()
     counts = store.status_counts(batch_id)
     return {"chunks": chunks, "samples": samples, "failed": counts.get("failed", 0),
             "completed": counts.get("completed", 0)}
-
-
-def stored_db_url(url: str) -> str:
-    """The store URL as a flow-run parameter: a password becomes `${AGENTBATCH_SECRET_DB_URL_PASSWORD}`
-    (this process keeps the value in its environment, so a flow run here still resolves it)."""
-    return str(to_stored({"db_url": url})["db_url"])
 
 
 def worker_variables(stored_config: dict[str, Any], db_param: str) -> list[str]:
@@ -70,34 +70,14 @@ def worker_variables(stored_config: dict[str, Any], db_param: str) -> list[str]:
     return sorted(set(ENV_REF.findall(text)))
 
 
-def _same_database(a: str, b: str) -> bool:
-    ua, ub = make_url(a), make_url(b)
-    return (ua.get_backend_name(), ua.username, ua.host, ua.port, ua.database) == \
-        (ub.get_backend_name(), ub.username, ub.host, ub.port, ub.database)
-
-
-def resolve_db_url(param: str) -> str:
-    """The store URL a worker opens: the parameter with its password reference resolved from this
-    process's environment; failing that, AGENTBATCH_DB_URL when it names the same database."""
-    try:
-        return str(from_stored({"db_url": param})["db_url"])
-    except MissingSecret:
-        env_url = os.environ.get("AGENTBATCH_DB_URL", "")
-        if env_url and _same_database(env_url, param):
-            return env_url
-        raise MissingSecret(f"the store URL {param} keeps its password in the environment: set "
-                            f"{DB_PASSWORD_VARIABLE} (or AGENTBATCH_DB_URL to the full URL) where this worker "
-                            "runs") from None
-
-
 @flow(name=FLOW_NAME, task_runner=CoordinatedTaskRunner(), validate_parameters=False, persist_result=False,
       log_prints=False)
 async def join_flow(batch_id: int, db_url: str, chunk: int, poll_s: float,
                     show_progress: bool | None = None) -> dict[str, Any]:
     """One worker of a batch: claim up to `chunk` unfinished samples, run them, repeat until the
     batch is finished (see the module doc)."""
-    install_log_redaction()
-    store = Store(resolve_db_url(db_url))
+    install_log_redaction()  # also where a work pool's worker runs it
+    store = Store(url_from_param(db_url))
     try:
         return await work(store, batch_id, chunk, poll_s, show_progress)
     finally:
@@ -122,7 +102,7 @@ class JoinDeployment:
         return f"batch-{self.batch_id}-{store_tag(self.db_url)}"
 
     def parameters(self) -> dict[str, Any]:
-        return {"batch_id": self.batch_id, "db_url": stored_db_url(self.db_url), "chunk": self.chunk,
+        return {"batch_id": self.batch_id, "db_url": flow_param_url(self.db_url), "chunk": self.chunk,
                 "poll_s": self.poll_s, "show_progress": False}
 
 

@@ -34,7 +34,7 @@ class PrefectApi:
     """Where this process's flow runs go."""
 
     url: str | None  # None: Prefect's temporary server
-    source: str  # "configured" (PREFECT_API_URL), "reused", "started" or "ephemeral"
+    source: str  # "configured" (PREFECT_API_URL), "reused", "started", "ephemeral" or "parent" (a flow run's)
     pid: int | None = None
     log: str | None = None
 
@@ -46,6 +46,8 @@ class PrefectApi:
         if self.source == "started":
             return (f"Prefect server started in the background at {self.url} (UI at {ui_url(self.url)}); later runs "
                     "reuse it; `agentbatch server stop` ends it")
+        if self.source == "parent":
+            return f"Prefect API {self.url or '(temporary server)'} (of the calling flow run)"
         return "Prefect's temporary server (gone with this process; set AGENTBATCH_PREFECT_SERVER=local to keep one)"
 
 

@@ -24,13 +24,8 @@ from agentbatch.dashboards.artifacts import store_tag
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch
 from agentbatch.flows.config import BatchConfig
-from agentbatch.flows.join import (
-    DB_PASSWORD_VARIABLE,
-    FLOW_NAME,
-    resolve_db_url,
-    stored_db_url,
-    worker_variables,
-)
+from agentbatch.flows.join import FLOW_NAME, worker_variables
+from agentbatch.flows.store_url import DB_PASSWORD_VARIABLE, flow_param_url, url_from_param
 from agentbatch.protocols.secrets import to_stored
 
 CONFIG = {
@@ -211,16 +206,16 @@ def test_work_pool_bad_input_creates_nothing(sqlite_url: str) -> None:
 def test_worker_resolves_the_password_from_its_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     url = "postgresql+psycopg://alice:s3cret-pw@db.example:5432/evals"
     monkeypatch.delenv(DB_PASSWORD_VARIABLE, raising=False)
-    stored = stored_db_url(url)  # as `join --work-pool` stores it (and sets the variable in its own process)
+    stored = flow_param_url(url)  # as `join --work-pool` stores it (and sets the variable in its own process)
     assert "s3cret-pw" not in stored and make_url(stored).password == f"${{{DB_PASSWORD_VARIABLE}}}"
-    assert resolve_db_url(stored) == url
+    assert url_from_param(stored) == url
     monkeypatch.delenv(DB_PASSWORD_VARIABLE)  # another machine: the variable is not set there
     monkeypatch.setenv("AGENTBATCH_DB_URL", url)
-    assert resolve_db_url(stored) == url  # ...but its AGENTBATCH_DB_URL names the same database
+    assert url_from_param(stored) == url  # ...but its AGENTBATCH_DB_URL names the same database
     monkeypatch.setenv("AGENTBATCH_DB_URL", "postgresql+psycopg://alice:other@db.example:5432/another")
     with pytest.raises(ValueError, match=DB_PASSWORD_VARIABLE):
-        resolve_db_url(stored)
-    assert resolve_db_url("sqlite:////tmp/x.sqlite") == "sqlite:////tmp/x.sqlite"
+        url_from_param(stored)
+    assert url_from_param("sqlite:////tmp/x.sqlite") == "sqlite:////tmp/x.sqlite"
     # What `join --work-pool` tells each worker machine to set: the store's password and the config's secrets.
     monkeypatch.delenv("AGENTBATCH_SECRET_ENGINE_PARAMS_API_KEY", raising=False)  # to_stored sets it: undone after
     config = to_stored({"engine": {"params": {"api_key": "sk-abcdef123456", "base_url": "http://h/v1"}}})

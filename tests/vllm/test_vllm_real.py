@@ -32,8 +32,9 @@ from agentbatch.engines.vllm_workers import (
     read_endpoints,
     read_processes,
 )
-from agentbatch.flows.batch import batch_flow, create_batch, execute_batch
+from agentbatch.flows.batch import create_batch, execute_batch, launch_batch
 from agentbatch.flows.config import BatchConfig
+from agentbatch.flows.launch import prepare_launch
 from agentbatch.protocols.engine import ChatRequest
 from agentbatch.traces.parquet import read_trace, write_trace
 
@@ -239,7 +240,7 @@ def test_controlled_replay_of_a_bfcl_trace_through_two_workers(workers, tmp_path
     async def run() -> MetricsScraper:
         eps = {e["name"]: e["base_url"] for e in workers.endpoints()}
         async with MetricsScraper(eps, interval_s=1.0, store=store, batch_id=batch_id) as scraper:
-            await batch_flow(batch_id, store.url, False)
+            await launch_batch(store, batch_id, api=prepare_launch(), show_progress=False)
         return scraper
 
     scraper = asyncio.run(run())

@@ -1,4 +1,4 @@
-"""Helpers shared by the subcommands: the --db option, error exits, Prefect settings for a CLI run."""
+"""Helpers shared by the subcommands: the --db option, error exits, a quiet end on a closed pipe."""
 
 from __future__ import annotations
 
@@ -11,19 +11,6 @@ from collections.abc import Callable
 from agentbatch.flows.commands._inputs import db_url_arg
 
 EXIT_USAGE = 2  # bad input: config file, batch id, arguments
-
-
-def quiet_prefect_defaults() -> None:
-    """Prefect settings that keep a CLI run lean; a user's own environment wins."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
-    os.environ.setdefault("PREFECT_TASKS_DEFAULT_NO_CACHE", "true")
-    # The temporary server that Prefect starts when no PREFECT_API_URL is set logs harmless
-    # errors while it shuts down with the process; keep those out of the user's terminal.
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-    # ...and give it time to start on a busy machine (Prefect's default is 20 s).
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:

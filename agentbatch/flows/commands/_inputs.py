@@ -7,44 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
-SUPPORTED_DIALECTS = ("sqlite", "postgresql")
-URL_HINT = "expected sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
-
-
-def shown_url(url: str) -> str:
-    """The URL as it may be printed: the password hidden."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except (ArgumentError, ValueError):
-        return "<unparsable URL>"
-
-
-def db_url_error(url: str, arg: str = "--db") -> str | None:
-    """Syntax and dialect of a store URL, and for SQLite that the file's folder exists."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    try:
-        parsed = make_url(url)
-    except (ArgumentError, ValueError) as exc:
-        return f"{arg}: not a database URL ({exc.__class__.__name__}); {URL_HINT}"
-    backend = parsed.get_backend_name()
-    if backend not in SUPPORTED_DIALECTS:
-        return f"{arg}: unsupported database {backend!r} in {shown_url(url)}; {URL_HINT}"
-    try:
-        parsed.get_dialect()
-    except (NoSuchModuleError, ImportError) as exc:
-        return f"{arg}: no driver for {parsed.drivername!r} ({exc}); {URL_HINT}"
-    if backend == "sqlite" and parsed.database and parsed.database != ":memory:":
-        path = Path(parsed.database)
-        if path.exists() and not path.is_file():
-            return f"{arg}: {path} is not a file"
-        if not path.parent.is_dir():
-            return f"{arg}: folder {path.parent} does not exist"
-    return None
+from agentbatch.flows.store_url import db_url_error, shown_url
 
 
 def db_url_arg(value: str) -> str:

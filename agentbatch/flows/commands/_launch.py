@@ -30,27 +30,27 @@ def progress_mode(args: argparse.Namespace) -> str | None:
     return "log" if getattr(args, "no_progress", False) else None
 
 
-def start_prefect() -> PrefectApi:
-    """Pick the Prefect API before Prefect is imported; a local server that has to start comes up
-    while the config, the workload and the store are prepared (`ready_prefect` waits for it)."""
+def start_prefect(*, start_server: bool = True) -> PrefectApi:
+    """Pick the Prefect API before Prefect is imported (`flows/launch.py`, as every launch does); a
+    local server that has to start comes up while the config, the workload and the store are prepared
+    (`ready_prefect` waits for it)."""
     from agentbatch.flows.commands._common import fail
-    from agentbatch.flows.prefect_server import choose_api
+    from agentbatch.flows.launch import LaunchError, prepare_launch
 
     try:
-        return choose_api()
-    except ValueError as exc:  # a bad AGENTBATCH_PREFECT_SERVER
+        return prepare_launch(start_server=start_server)
+    except LaunchError as exc:  # a bad AGENTBATCH_PREFECT_SERVER
         raise SystemExit(fail(str(exc))) from None
 
 
 def ready_prefect(api: PrefectApi, quiet: bool = False) -> str | None:
     """Wait for a server started by `start_prefect`; the error message when it did not come up."""
-    from agentbatch.flows.prefect_server import wait_ready
+    from agentbatch.flows.launch import LaunchError, wait_for_prefect
 
-    if api.source == "started":
-        try:
-            wait_ready(api)
-        except RuntimeError as exc:
-            return f"{exc} (AGENTBATCH_PREFECT_SERVER=ephemeral runs without a server)"
+    try:
+        wait_for_prefect(api)
+    except LaunchError as exc:
+        return str(exc)
     if not quiet or api.source == "started":
         print(api.describe(), flush=True)
     return None
@@ -58,7 +58,7 @@ def ready_prefect(api: PrefectApi, quiet: bool = False) -> str | None:
 
 def shown_url(url: str) -> str:
     """The store URL as the user should type it again: absolute SQLite path, no password."""
-    from agentbatch.flows.commands._inputs import shown_url as without_password
+    from agentbatch.flows.store_url import shown_url as without_password
 
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and "file:" not in url:
         url = f"sqlite:///{Path(url.removeprefix('sqlite:///')).resolve()}"

@@ -9,10 +9,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail
 
 if TYPE_CHECKING:  # Prefect is imported only after the server is chosen
     from agentbatch.flows.deployments import DeploySpec
+    from agentbatch.flows.prefect_server import PrefectApi
 
 SERVER_HINT = ("deployments live on a running Prefect server: `agentbatch server start` (a local one), or "
                "`prefect server start` and PREFECT_API_URL=http://HOST:4200/api; Prefect's temporary server "
@@ -85,22 +86,22 @@ def _db_parameter(db: str | None) -> str | None:
     return resolve_url(None)  # the SQLite file this command would use, as an absolute path
 
 
-def pick_server() -> str | None:
-    """Choose the Prefect API before Prefect is imported: PREFECT_API_URL, else agentbatch's local
-    server (`agentbatch server`; started in the background when it is not running). Returns the
-    problem when there is no server to use."""
+def pick_server() -> PrefectApi | str:
+    """Choose the Prefect API before Prefect is imported, as every launch does (`flows/launch.py`):
+    PREFECT_API_URL, else agentbatch's local server (started in the background when it is not
+    running). Returns the problem when there is no server to use."""
     from agentbatch.flows.commands._launch import start_prefect
 
-    if start_prefect().url is None:
+    api = start_prefect()
+    if api.url is None:
         return f"AGENTBATCH_PREFECT_SERVER=ephemeral: {SERVER_HINT}"
-    return None
+    return api
 
 
-def server_ready() -> str | None:
+def server_ready(api: PrefectApi) -> str | None:
     """Wait for a local server that is starting, then check that the API answers."""
-    from agentbatch.flows.commands._launch import ready_prefect, start_prefect
+    from agentbatch.flows.commands._launch import ready_prefect
 
-    api = start_prefect()  # the same choice as pick_server: the server is up or starting by now
     if problem := ready_prefect(api, quiet=True):
         return problem
     return api_silent(api.url or "")
@@ -135,9 +136,9 @@ def main(args: argparse.Namespace) -> int:
         return fail(f"{args.config}: {', '.join(secrets)} look(s) like secrets, and deployment parameters are "
                     "stored in plain text on the Prefect server; deploy with --by-path (the file is read where "
                     "each run executes) or leave them out")
-    quiet_prefect_defaults()
-    if problem := pick_server():
-        return fail(problem)
+    api = pick_server()
+    if isinstance(api, str):
+        return fail(api)
     from agentbatch.db.history import config_suite_key
     from agentbatch.flows.batch import workload_tasks
     from agentbatch.flows.deployments import DeploySpec
@@ -146,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
         tasks = workload_tasks(config)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return fail(f"{args.config}: {exc}")
-    if problem := server_ready():
+    if problem := server_ready(api):
         return fail(problem)
     return _register(args, DeploySpec(name=args.name, parameters=_parameters(args, data, tag, db), cron=args.cron, interval_s=args.interval,
                                       anchor=args.anchor, on_event=args.on_event, work_pool=args.work_pool,

@@ -7,9 +7,13 @@ import asyncio
 import contextlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail
+from agentbatch.flows.commands._launch import ready_prefect, start_prefect
+
+if TYPE_CHECKING:
+    from agentbatch.flows.prefect_server import PrefectApi
 
 
 class GatewayStartError(Exception):
@@ -84,37 +88,33 @@ def main(args: argparse.Namespace) -> int:
     checked = _check(args)
     if isinstance(checked, str):
         return fail(checked)
-    quiet_prefect_defaults()
-    options = {"db": args.db, "host": args.host, "port": args.port, "expect": args.expect,
+    options = {"host": args.host, "port": args.port, "expect": args.expect,
                "report": str(args.report) if args.report else None, "progress": not args.no_progress,
                "idle_timeout": args.idle_timeout, "end_on_answer": not args.no_end_on_answer,
                "allow_host": list(args.allow_host)}
+    # The same Prefect server and secret handling as `run` (flows/launch.py); no server without Prefect.
+    api = start_prefect(start_server=not args.no_prefect)
+    if not args.no_prefect and (problem := ready_prefect(api, quiet=True)):
+        return fail(problem, code=1)
+    from agentbatch.db.engine import resolve_url
+
+    db = resolve_url(args.db)
     try:
         if args.no_prefect:
-            batch_id = asyncio.run(serve_gateway(checked, options))
+            asyncio.run(serve_gateway(checked, db, options))
         else:
-            batch_id = asyncio.run(gateway_flow(str(args.config), args.mcp, options))
+            asyncio.run(gateway_flow(args, checked, db, options, api))
     except GatewayStartError as exc:
         return fail(str(exc))
-    return _summary(args.db, batch_id)
-
-
-def _summary(db: str | None, batch_id: int) -> int:
-    from agentbatch.dashboards.summary import summarize
-    from agentbatch.db.store import Store
-
-    store = Store(db)
-    try:
-        print(summarize(store, batch_id).to_text())
-    finally:
-        store.close()
     return 0
 
 
-async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict[str, Any]) -> int:
-    """Serve until finished; returns the batch id. Progress bar and Prefect artifacts follow the samples."""
+async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, options: dict[str, Any]) -> int:
+    """Serve until finished, then print the batch's summary; returns the batch id. Progress bar and
+    Prefect artifacts follow the samples."""
     from agentbatch.dashboards.artifacts import publish_batch_artifacts
     from agentbatch.dashboards.report import write_report
+    from agentbatch.dashboards.summary import summarize
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import build_coordinator
     from agentbatch.gateway.server import Gateway, GatewayBatch, listen_socket, uvicorn_server
@@ -132,7 +132,7 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
     from prefect.context import FlowRunContext
 
     run = FlowRunContext.get()
-    store = Store(options["db"])
+    store = Store(db)
     batch = GatewayBatch(config.name, stored_config(config),
                          flow_run_id=str(run.flow_run.id) if run and run.flow_run else None)
     gateway = Gateway(store, build_coordinator(config, [e.name for e in endpoints]), endpoints,
@@ -153,6 +153,7 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], options: dict
     report = Path(options["report"]) if options["report"] else None
     report_path = write_report(store, [gateway.batch_id], report) if report is not None else None
     await publish_batch_artifacts(store, gateway.batch_id, report_path=report_path)
+    print(summarize(store, gateway.batch_id).to_text())
     if report_path:
         print(f"report: {report_path}")
     store.close()
@@ -202,21 +203,17 @@ async def _watch(gateway: Any, options: dict[str, Any]) -> None:
         await artifact.flush()
 
 
-def _flow() -> Any:
+async def gateway_flow(args: argparse.Namespace, checked: tuple[Any, list[Any], list[Any]], db: str,
+                       options: dict[str, Any], api: PrefectApi) -> int:
+    """The gateway as a Prefect flow run (`agentbatch-gateway`), with the batch's artifacts, started
+    as every run is (`flows/launch.py`: the store URL recorded without its password)."""
     from prefect import flow
 
+    from agentbatch.flows.launch import launch_flow
+
     @flow(name="agentbatch-gateway", validate_parameters=False, persist_result=False, log_prints=False)
-    async def run_gateway(config_path: str, mcp: list[str], options: dict[str, Any]) -> int:
-        args = argparse.Namespace(config=Path(config_path), mcp=mcp, port=options["port"],
-                                  idle_timeout=options["idle_timeout"], expect=options["expect"])
-        checked = _check(args)
-        if isinstance(checked, str):
-            raise ValueError(checked)
-        return await serve_gateway(checked, options)
+    async def agentbatch_gateway(config_path: str, mcp: list[str], db_url: str, options: dict[str, Any]) -> int:
+        return await serve_gateway(checked, db, options)  # the config as checked, the store URL as given
 
-    return run_gateway
-
-
-async def gateway_flow(config_path: str, mcp: list[str], options: dict[str, Any]) -> int:
-    """The gateway as a Prefect flow run (`agentbatch-gateway`), with the batch's artifacts."""
-    return await _flow()(config_path, mcp, options)
+    params = {"config_path": str(args.config), "mcp": list(args.mcp), "db_url": db, "options": options}
+    return int(await launch_flow(agentbatch_gateway, params, api=api))

@@ -14,10 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
-from agentbatch.flows.commands._inputs import shown_url, stored_config_error
+from agentbatch.flows.commands._common import add_db_option, fail
+from agentbatch.flows.commands._inputs import stored_config_error
+from agentbatch.flows.commands._launch import ready_prefect, start_prefect
+from agentbatch.flows.store_url import shown_url
+
+if TYPE_CHECKING:
+    from agentbatch.flows.prefect_server import PrefectApi
 
 DEFAULT_CHUNK = 64
 DEFAULT_WORKERS = 1
@@ -72,9 +77,12 @@ def _args_problem(args: argparse.Namespace) -> str | None:
 def main(args: argparse.Namespace) -> int:
     if problem := _args_problem(args):
         return fail(problem)
-    quiet_prefect_defaults()
-    if problem := _store_problem(args.db) or (args.work_pool and _server_problem()):
-        return fail(problem)  # the server is chosen before Prefect is imported (its settings)
+    if problem := _store_problem(args.db):
+        return fail(problem)
+    # Chosen before Prefect is imported (its settings); a work pool needs a server that is running.
+    api = start_prefect(start_server=not args.work_pool)
+    if problem := (_server_problem(api) if args.work_pool else ready_prefect(api, quiet=True)):
+        return fail(problem)
     from agentbatch.db.store import Store
 
     store = Store(args.db)
@@ -86,7 +94,7 @@ def main(args: argparse.Namespace) -> int:
             return fail(error)
         if args.work_pool:
             return _deploy(args, store, row.name, row.config)
-        return _run_here(args, store)
+        return _run_here(args, store, api, row.name)
     finally:
         store.close()
 
@@ -103,30 +111,27 @@ def _store_problem(db: str | None) -> str | None:
     return db_reachable_error(url)
 
 
-def _run_here(args: argparse.Namespace, store: Any) -> int:
-    from agentbatch.flows.join import join_flow, stored_db_url
-    from agentbatch.flows.orphans import guard_prefect_server
+def _run_here(args: argparse.Namespace, store: Any, api: PrefectApi, batch_name: str) -> int:
+    from agentbatch.flows.identity import batch_tags, flow_run_name
+    from agentbatch.flows.join import join_flow
+    from agentbatch.flows.launch import launch_flow
 
-    guard_prefect_server()  # Prefect's temporary server, if it starts one, dies with this process
     started = time.perf_counter()
-    result = asyncio.run(join_flow(args.batch_id, stored_db_url(store.url), args.chunk, args.poll,
-                                   False if args.no_progress else None))
+    params = {"batch_id": args.batch_id, "db_url": store.url, "chunk": args.chunk, "poll_s": args.poll,
+              "show_progress": False if args.no_progress else None}
+    result = asyncio.run(launch_flow(join_flow, params, api=api, tags=batch_tags(store.url, args.batch_id),
+                                     run_name=f"{flow_run_name(args.batch_id, batch_name)}-join"))
     print(f"batch {args.batch_id}: finished after {time.perf_counter() - started:.1f} s here "
           f"({result['chunks']} chunk(s) run by this process); {result['completed']} completed, "
           f"{result['failed']} failed", flush=True)
     return 1 if result["failed"] else 0
 
 
-def _server_problem() -> str | None:
+def _server_problem(api: PrefectApi) -> str | None:
     """A work pool lives on a running Prefect server: PREFECT_API_URL, or agentbatch's local server
     when it runs (never started here, never Prefect's temporary one: workers could not reach it)."""
     from agentbatch.flows.commands.deploy import SERVER_HINT, api_silent
-    from agentbatch.flows.prefect_server import choose_api
 
-    try:
-        api = choose_api(start=False)
-    except ValueError as exc:  # a bad AGENTBATCH_PREFECT_SERVER
-        return str(exc)
     if api.url is None:
         return f"--work-pool: no Prefect server to register the workers on; {SERVER_HINT}"
     problem = api_silent(api.url)
@@ -164,7 +169,7 @@ def _deploy(args: argparse.Namespace, store: Any, batch_name: str, row_config: d
 
 def _worker_hint(store_url: str, pool: str, needed: list[str]) -> str:
     """How to start the pool's workers: the command, and the variables each machine sets."""
-    from agentbatch.flows.join import DB_PASSWORD_VARIABLE
+    from agentbatch.flows.store_url import DB_PASSWORD_VARIABLE
 
     notes = ["agentbatch installed, the store and the Prefect server reachable"]
     if local := _local_note(store_url):

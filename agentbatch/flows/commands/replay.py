@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail
 from agentbatch.scheduling.admission_order import ADMISSION_ORDERS
 from agentbatch.scheduling.defaults import ADMISSION_CONTROLS, DEFAULTS
 
@@ -234,15 +234,19 @@ def live_batch_config(args: argparse.Namespace, params: dict[str, dict[str, Any]
 
 
 def _live(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int:
-    from agentbatch.db.store import Store
-    from agentbatch.flows.batch import run_batch
-    from agentbatch.traces import read_trace
+    from agentbatch.flows.commands._launch import ready_prefect, start_prefect
 
     try:
         config = live_batch_config(args, params)
     except ValueError as exc:
         return fail(str(exc))
-    quiet_prefect_defaults()
+    api = start_prefect()  # the same Prefect server as `run`, chosen before Prefect is imported
+    if error := ready_prefect(api, quiet=True):
+        return fail(error, code=1)
+    from agentbatch.db.store import Store
+    from agentbatch.flows.batch import run_batch
+    from agentbatch.traces import read_trace
+
     recorded = {s.index: s.score for s in read_trace(args.trace).samples}
     store = Store(args.db)
     try:

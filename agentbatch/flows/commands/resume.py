@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 from pathlib import Path
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
-from agentbatch.flows.commands._inputs import shown_url, stored_config_error, writer_inputs_error
+from agentbatch.flows.commands._common import add_db_option, fail
+from agentbatch.flows.commands._inputs import stored_config_error, writer_inputs_error
 from agentbatch.flows.commands._launch import (
     add_progress_options,
     progress_mode,
@@ -20,6 +21,7 @@ from agentbatch.flows.commands._outcome import (
     check_fail_on_error,
     finish_command,
 )
+from agentbatch.flows.store_url import shown_url
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,10 +50,9 @@ def main(args: argparse.Namespace) -> int:
     if error := writer_inputs_error(args.db, args.report, must_exist=True):
         return fail(error)
     api = start_prefect()  # the same Prefect server choice as `run`
-    quiet_prefect_defaults()
     mode = progress_mode(args)
     from agentbatch.db.store import Store
-    from agentbatch.flows.batch import resume_batch
+    from agentbatch.flows.batch import launch_batch
 
     store = Store(args.db)
     row = store.get_batch(args.batch_id)
@@ -67,6 +68,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"batch {args.batch_id}: retrying {n} failed sample(s)", flush=True)
     if error := ready_prefect(api, quiet=mode == "off"):
         return fail(error, code=1)
-    outcome = resume_batch(store, args.batch_id, show_progress=mode, report_dir=args.report,
-                           fail_on_error=args.fail_on_error)
+    outcome = asyncio.run(launch_batch(store, args.batch_id, api=api, show_progress=mode, report_dir=args.report,
+                                       fail_on_error=args.fail_on_error))
     return finish_command(store, outcome, args.fail_on_error)

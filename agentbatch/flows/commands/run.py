@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 from pathlib import Path
 
-from agentbatch.flows.commands._common import add_db_option, fail, quiet_prefect_defaults
+from agentbatch.flows.commands._common import add_db_option, fail
 from agentbatch.flows.commands._inputs import writer_inputs_error
 from agentbatch.flows.commands._launch import (
     add_progress_options,
@@ -44,20 +45,19 @@ def main(args: argparse.Namespace) -> int:
     if error := writer_inputs_error(args.db, args.report):
         return fail(error)
     api = start_prefect()  # before Prefect is imported; a server to start comes up meanwhile
-    quiet_prefect_defaults()
     mode = progress_mode(args)
     from agentbatch.db.store import Store
-    from agentbatch.flows.batch import create_batch, run_flow, workload_tasks
+    from agentbatch.flows.batch import create_batch, launch_batch, plan_batch
 
     try:  # before the store is opened: a workload that cannot run leaves nothing behind
-        tasks = workload_tasks(config)
+        plan = plan_batch(config)
     except (ValueError, KeyError, FileNotFoundError) as exc:
         return fail(f"{args.config}: workload.params: {exc}")
     if error := ready_prefect(api, quiet=mode == "off"):
         return fail(error, code=1)
     store = Store(args.db)
-    batch_id = create_batch(config, store, tasks)
-    print(f"batch {batch_id} created ({len(tasks)} samples)\n{follow_up(store.url, batch_id)}", flush=True)
-    outcome = run_flow(store, batch_id, show_progress=mode, report_dir=args.report,
-                       fail_on_error=args.fail_on_error)
+    batch_id = create_batch(plan, store)
+    print(f"batch {batch_id} created ({len(plan.tasks)} samples)\n{follow_up(store.url, batch_id)}", flush=True)
+    outcome = asyncio.run(launch_batch(store, batch_id, api=api, workload=plan.workload, show_progress=mode,
+                                       report_dir=args.report, fail_on_error=args.fail_on_error))
     return finish_command(store, outcome, args.fail_on_error)

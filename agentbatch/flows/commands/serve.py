@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentbatch.flows.commands._common import fail, quiet_prefect_defaults
+from agentbatch.flows.commands._common import fail
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +30,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.limit < 0 or args.poll <= 0:
         return fail("--limit must be 0 or more and --poll positive")
-    quiet_prefect_defaults()
-    if problem := pick_server() or server_ready():
+    api = pick_server()
+    if problem := api if isinstance(api, str) else server_ready(api):
         return fail(problem)
     from agentbatch.flows.deployments import FLOW_NAME, serve, served_deployments
 
