@@ -104,6 +104,8 @@ class EngineModel:
         # so a step finds those that need one without looking at the others
         self._due: list[set[EngineRequest]] = [set() for _ in range(profile.block_size)]
         self._alloc_iter = -1
+        self._planned: list[float] = []  # durations of the iterations plan_decodes planned
+        self._plan_iter = 0  # the iteration the plan starts at
         self._live: dict[str, EngineRequest] = {}  # request id -> request, until it finishes
         # memory
         self._blocks = BlockPool(profile.num_kv_blocks, profile.block_size, profile.enable_prefix_caching)
@@ -187,6 +189,54 @@ class EngineModel:
         totals.busy_s_total += duration
         self._iter = it + 1
         return IterationResult(duration, finished, prefill_tokens, n_decode, attended, step.preempted)
+
+    def plan_decodes(self, now: float, limit: int) -> list[float]:
+        """The start times of the next iterations (at most `limit`) that only decode and change
+        nothing anyone else sees, as `run_iteration` would run them from `now`, and after them the
+        start of the one that follows; nothing is applied until `commit_decodes`. Such an iteration
+        prefills nothing (nothing waits or prefills), finishes no request and grows its sequences
+        without a preemption. Its duration is the float `run_iteration` computes (the cost model's
+        sum with the prefill terms zero), so a driver that runs them without an event each gets the
+        same results."""
+        starts = [now]
+        self._planned = durations = []
+        self._plan_iter = self._iter
+        if self._prefill or len(self._waiting) or not self._decode:
+            return starts
+        events, due, bs, n = self._events, self._due, self.bs, len(self._decode)
+        cost = self._cost
+        fixed = cost.c0 + cost.c_decode * n  # iteration_time(0, n, attended, 0) less its attention term
+        moe = cost.moe_weight_s * (1.0 - (1.0 - cost.moe_active_frac) ** n) if cost.moe_weight_s else 0.0
+        c_attn, base, free, it = cost.c_attn, self._decode_ctx_base, self._blocks.free(), self._iter
+        while len(durations) < limit and not (events and events[0][0] <= it):  # none finishes in it
+            free -= len(due[it % bs])
+            if free < 0:
+                break  # a preemption: the full step logic
+            d = fixed + c_attn * (base + n * it)
+            if moe:
+                d += moe
+            durations.append(d)
+            now = now + d
+            starts.append(now)
+            it += 1
+        return starts
+
+    def commit_decodes(self, count: int) -> None:
+        """Apply the first `count` iterations the last `plan_decodes` planned and not yet applied
+        (the engine has not changed otherwise since)."""
+        c, due, bs, n = self.counters, self._due, self.bs, len(self._decode)
+        planned, done = self._planned, self._iter - self._plan_iter
+        for d in planned[done:done + count]:
+            it = self._iter
+            grow = len(due[it % bs])
+            if grow:
+                ok = self._blocks.alloc(grow)
+                assert ok
+            self._alloc_iter = it
+            c.generation_tokens_total += n
+            c.iterations_total += 1
+            c.busy_s_total += d
+            self._iter = it + 1
 
     def metrics(self) -> dict[str, float]:
         c = self.counters

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import zlib
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from agentbatch.traces.schema import INFERENCE, Trace, TraceSample
 
 _FRESH_BASE = 1 << 60  # token ids unique to one sample's context (never shared)
 _ZEROS = array("q", bytes(8 * 4096))
+
+_SPAN_LIMIT = 4096  # decode-only iterations planned at once (EngineModel.plan_decodes)
 
 # event phases within an instant: step and iteration ends first, then iteration starts
 _END = 0
@@ -145,6 +148,17 @@ class _Running:
     slot: str
     started: float
     worker: int = -1  # engine index for inference on the engine model
+
+
+@dataclass(slots=True, eq=False)
+class _Span:
+    """Decode-only iterations of one engine planned from `starts[0]`: `starts[i]` is when the i-th
+    starts, the last entry when the iteration after them starts; `done` of them are applied."""
+
+    starts: list[float]
+    version: int
+    worker: int = -1
+    done: int = 0
 
 
 class SimulationCut(Exception):
@@ -253,6 +267,10 @@ class VirtualBatch:
         if self.core.controller is not None and config.inference == "engine":
             self.core.engine_counters = self._engine_counters
         self.busy = [False] * config.workers
+        # engines that can run decode-only iterations without an event each (EngineModel.plan_decodes)
+        self._fast = all(hasattr(e, "plan_decodes") for e in self.engines)
+        self._spans: dict[int, _Span] = {}
+        self._span_version = [0] * config.workers
         self._heap: list[tuple[Any, ...]] = []
         self._seq = 0
         self._ctx = _Contexts()
@@ -382,6 +400,8 @@ class VirtualBatch:
             request_id=rid, sample_id=s.trace.index, prompt=self._ctx.prompt(s, int(st.prompt_tokens or 1)),
             output_tokens=max(1, int(st.output_tokens or 1)), priority=0 if prio is None else prio, arrival=now,
         )  # fmt: skip
+        if self._spans:
+            self._cut_span(w)
         self.engines[w].add_request(req, now)
         run.worker = w
         self._requests[rid] = run
@@ -394,6 +414,12 @@ class VirtualBatch:
         if not engine.has_work():
             self.busy[w] = False
             return
+        if self._fast:
+            starts = engine.plan_decodes(now, _SPAN_LIMIT)
+            if len(starts) > 1:  # decode-only iterations: one event at their end (_Span)
+                self._spans[w] = span = _Span(starts, self._span_version[w], w)
+                self._push(starts[-1], _ITER_START, "span_end", span)
+                return
         res = engine.run_iteration(now)
         self._push(now + res.duration, _END, "iter_end", (w, res))
 
@@ -411,6 +437,32 @@ class VirtualBatch:
             self._next(self._completed(run, now), now)
         # Start the next iteration after every other event of this instant (phase order).
         self._push(now, _ITER_START, "iter_start", w)
+
+    # --- decode-only spans: iterations without an event each ------------------------------------
+    def _settle(self, now: float) -> None:
+        """Apply the planned iterations that started before `now` (as the events of the exact
+        schedule would have by now): whatever reads or changes an engine then sees its true state."""
+        for w, span in self._spans.items():
+            k = bisect_left(span.starts, now, hi=len(span.starts) - 1)
+            if k > span.done:
+                self.engines[w].commit_decodes(k - span.done)
+                span.done = k
+
+    def _span_end(self, span: _Span, now: float) -> None:
+        w = span.worker
+        if span.version != self._span_version[w]:
+            return  # cut short by a request (_cut_span)
+        self._settle(now)
+        del self._spans[w]
+        self._iter_start(w, now)
+
+    def _cut_span(self, w: int) -> None:
+        """A request reached engine w during a span (already settled to now): the iteration at the
+        next boundary runs in full, and may admit it."""
+        span = self._spans.pop(w, None)
+        if span is not None:
+            self._span_version[w] += 1
+            self._push(span.starts[span.done], _ITER_START, "iter_start", w)
 
     # --- main loop -----------------------------------------------------------------------------
     def _admit_all(self) -> None:
@@ -430,12 +482,14 @@ class VirtualBatch:
         stop = float("inf") if stop_after_s is None else stop_after_s
         handlers: dict[str, Callable[[Any, float], None]] = {
             "iter_start": self._iter_start, "iter_end": lambda a, t: self._iter_end(a[0], a[1], t),
-            "step_end": self._step_end, "advance": self._advance,
+            "step_end": self._step_end, "advance": self._advance, "span_end": self._span_end,
         }  # fmt: skip
         while heap:
             now, _, _, kind, arg = heapq.heappop(heap)
             if now > stop:
                 raise SimulationCut(now)
+            if self._spans:
+                self._settle(now)
             self._events += 1
             handlers[kind](arg, now)
             self._drain(now)
