@@ -222,15 +222,10 @@ def _cells(args: argparse.Namespace) -> list[Cell] | str:
     """The cells to run, in a fixed shuffled order (so a run cut short by --budget-s is a uniform
     sample of the matrix), or what is wrong with the arguments."""
     families = [f for f in args.families.split(",") if f]
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown or not 0 < args.scale <= 1:
-        return f"--families must name {sorted(FAMILIES)} and --scale be in (0, 1]; got {unknown or args.scale}"
-    try:
-        seeds = [int(x) for x in args.seeds.split(",") if x]
-    except ValueError:
-        return f"--seeds must be comma-separated whole numbers; got {args.seeds!r}"
-    if not seeds or args.ensemble < 1 or not 0 <= args.margin < 1:
-        return f"--seeds needs one seed, --ensemble >= 1, --margin in [0, 1); got {args.seeds!r}, {args.ensemble}, {args.margin}"
+    seeds = _seeds(args.seeds)
+    problem = _problem(args, families, seeds)
+    if problem:
+        return problem
     cells = [Cell(f, m, w, p, args.scale, seed, not args.no_history, args.ensemble, args.margin)
              for seed, f, p, m, w in product(seeds, families, PROFILES, SLOT_MULTS, WORKERS)]
     cells = _matching(cells, [p for p in args.cells.split(",") if p])
@@ -238,6 +233,23 @@ def _cells(args: argparse.Namespace) -> list[Cell] | str:
         return f"--cells {args.cells!r} matches no cell; names look like 'swe_like/llama3-8b-h100/x4/w1'"
     random.Random(0).shuffle(cells)
     return cells
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        return []
+
+
+def _problem(args: argparse.Namespace, families: list[str], seeds: list[int]) -> str | None:
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not 0 < args.scale <= 1:
+        return f"--families must name {sorted(FAMILIES)} and --scale be in (0, 1]; got {unknown or args.scale}"
+    if not seeds or args.ensemble < 1 or not 0 <= args.margin < 1:
+        return (f"--seeds must be comma-separated whole numbers, --ensemble >= 1, --margin in [0, 1); got "
+                f"{args.seeds!r}, {args.ensemble}, {args.margin}")
+    return None
 
 
 def _matching(cells: list[Cell], patterns: list[str]) -> list[Cell]:
@@ -298,8 +310,6 @@ def _summary(results: list[CellResult], wall: float) -> int:
     ratios = [r.ratio for r in results]
     worse = sum(1 for x in ratios if x > 1.02)
     hardest = sorted(results, key=lambda r: -r.ratio)[:5]
-    share = sorted(r.decide_s / r.chosen_s for r in results)
-    cpu = sorted(r.decide_cpu_s / r.chosen_s for r in results)
     print(f"# {wall:.0f}s wall, load average {os.getloadavg()[0]:.1f}; scores identical in every cell: "
           f"{all(r.scores_same for r in results)}")  # fmt: skip
     print("# hardest cells (chosen / best baseline): " + "; ".join(
@@ -308,15 +318,22 @@ def _summary(results: list[CellResult], wall: float) -> int:
     print(f"# defaults: worse than best baseline by >2% in {sum(1 for r in results if r.default_s > 1.02 * r.baseline_s)} "
           f"of {len(results)}; geomean vs best baseline {_geomean([r.default_s / r.baseline_s for r in results]):.3f}; "
           f"oracle vs best baseline {_geomean([r.oracle_s / r.baseline_s for r in results]):.3f}")  # fmt: skip
-    print(f"# deciding: median {100 * statistics.median(share):.2f}%, max {100 * share[-1]:.2f}% of the chosen "
-          f"makespan in wall time (CPU time: median {100 * statistics.median(cpu):.2f}%, max {100 * cpu[-1]:.2f}%); {sum(r.simulations for r in results)} simulations; chosen a baseline in "
-          f"{sum(1 for r in results if r.chosen in BASELINE_NAMES)} of {len(results)} cells")  # fmt: skip
+    _deciding(results)
     print(f"# {len(results)} cells ran")
     print(f"cells worse than best baseline by >2%: {worse} of {len(results)}; geomean vs best baseline "
           f"{_geomean(ratios):.3f}; vs oracle {_geomean([r.chosen_s / r.oracle_s for r in results]):.3f}; vs LB "
           f"{_geomean([r.chosen_s / r.lb_s for r in results]):.3f}; vs tight LB "
           f"{_geomean([r.chosen_s / r.tight_lb_s for r in results]):.3f}")  # fmt: skip
     return 0
+
+
+def _deciding(results: list[CellResult]) -> None:
+    share = sorted(r.decide_s / r.chosen_s for r in results)
+    cpu = sorted(r.decide_cpu_s / r.chosen_s for r in results)
+    print(f"# deciding: median {100 * statistics.median(share):.2f}%, max {100 * share[-1]:.2f}% of the chosen "
+          f"makespan in wall time (CPU time: median {100 * statistics.median(cpu):.2f}%, max {100 * cpu[-1]:.2f}%); "
+          f"{sum(r.simulations for r in results)} simulations; chosen a baseline in "
+          f"{sum(1 for r in results if r.chosen in BASELINE_NAMES)} of {len(results)} cells")  # fmt: skip
 
 
 if __name__ == "__main__":
