@@ -73,7 +73,8 @@ class Plugin:
         model = self.params_model.model_validate(dict(params))
         if not type(model).model_fields:
             return dict(params)
-        return model.model_dump()
+        given = model.model_dump(exclude_unset=True)  # nested values as given (their unset keys left out)
+        return {**{k: v for k, v in model.model_dump().items() if k not in given}, **given}
 
 
 def registered(what: PluginKind) -> dict[str, str]:

@@ -48,6 +48,11 @@ def test_defaults_come_from_the_params_model() -> None:
     assert (built.size, built.label) == (3, "x")
     bfcl = resolve("workload", "bfcl")
     assert bfcl.validate({"limit": 2}) == {"categories": None, "limit": 2, "seed": None, "task_ids": None}
+    # nested values stay as given: an endpoint without a name gets the engine's default name, not None
+    replay = resolve("engine", "agentbatch.engines.replay:build_replay_workers").validate(
+        {"endpoints": [{"base_url": "http://127.0.0.1:1/v1", "model": "m"}]})
+    assert replay["endpoints"] == [{"base_url": "http://127.0.0.1:1/v1", "model": "m"}]
+    assert replay["timeout_s"] == 600.0 and replay["workers"] == 1
 
 
 def test_builtin_kinds_are_entry_points_of_agentbatch_itself() -> None:
