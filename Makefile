@@ -8,7 +8,7 @@ BFCL_EVAL := bfcl-eval==2026.3.23
 
 .PHONY: demo test install lint bench clean-demo
 
-$(STAMP): pyproject.toml examples/plugin_toolbench/pyproject.toml
+$(STAMP): pyproject.toml examples/plugin_toolbench/pyproject.toml integrations/inspect_agentbatch/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml examples/plugin_toolbench/pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps '$(BFCL_EVAL)'
 	# the example plugin package (docs/plugins.md); the tests run it through the stock CLI
 	$(BIN)/python -m pip install -q --no-deps -e examples/plugin_toolbench
+	# inspect_ai's `agentbatch/<model>` provider (docs/gateway.md); inspect_ai comes with the dev extra
+	$(BIN)/python -m pip install -q --no-deps -e integrations/inspect_agentbatch
 	touch $(STAMP)
 
 # Install (or update) agentbatch into .venv without running anything.
@@ -29,7 +31,7 @@ test: $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check agentbatch tests bench
+	$(BIN)/ruff check agentbatch tests bench integrations
 
 bench: $(STAMP)
 	$(BIN)/python bench/orchestration_overhead.py
