@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import make_url, select
 
 from agentbatch.db.models import Sample, Step, Worker
 from agentbatch.db.store import Store
@@ -101,7 +101,7 @@ def _read(store: Store, stmt: Any) -> pd.DataFrame:
 def load_batch(store: Store, batch_id: int) -> BatchData:
     batch = store.get_batch(batch_id)
     if batch is None:
-        raise UnknownBatch(batch_id, store.engine.url.render_as_string(hide_password=True))
+        raise UnknownBatch(batch_id, make_url(store.url).render_as_string(hide_password=True))  # as given, not the engine's
     samples = _read(store, select(*(Sample.__table__.c[c] for c in SAMPLE_COLUMNS))
                     .where(Sample.batch_id == batch_id).order_by(Sample.index))
     steps = _read(store, select(*(Step.__table__.c[c] for c in STEP_COLUMNS))

@@ -65,9 +65,15 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
         if read_only and path is not None:
             if not path.is_file():
                 raise StoreUnavailable(f"no store at {path} (a read-only command does not create one)")
-            # mode=ro: SQLite itself refuses to write or create anything through this engine.
-            engine = create_engine(f"sqlite:///file:{path.resolve()}?mode=ro&uri=true",
+            # mode=ro: SQLite itself refuses to write anything through this engine. A store no process
+            # has open (no -wal file) is read as immutable: no -wal or -shm is created next to it, its
+            # files stay byte-identical; `_refuse_changed_reads` catches a writer that starts meanwhile.
+            quiet = not Path(f"{path}-wal").exists()
+            flags = "mode=ro&immutable=1" if quiet else "mode=ro"
+            engine = create_engine(f"sqlite:///file:{path.resolve()}?{flags}&uri=true",
                                    connect_args={"timeout": 30})
+            if quiet:
+                _refuse_changed_reads(engine, path)
         else:
             engine = create_engine(url, connect_args={"timeout": 30})
 
@@ -90,6 +96,25 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY")
 
     return engine
+
+
+def _refuse_changed_reads(engine: Engine, path: Path) -> None:
+    """An immutable read takes no lock: if the file changed under it (a writer started and checkpointed),
+    what was read may mix old and new pages. Checked as each transaction ends, before its rows are used."""
+
+    def state() -> tuple[int, int, int]:
+        st = path.stat()
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    before = state()
+
+    def _check(_conn: Connection) -> None:
+        if state() != before:
+            raise StoreUnavailable(f"the store {path} changed while it was read (a process writes to it "
+                                   "now); run the command again")
+
+    event.listen(engine, "commit", _check)
+    event.listen(engine, "rollback", _check)
 
 
 def migrate(engine: Engine) -> None:

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from agentbatch.engines.timing import make_timing
+from agentbatch.protocols import strict_yaml
 from agentbatch.protocols.plugins import PluginParams
 
 MAX_WORKERS = 4096
@@ -60,7 +61,7 @@ def _endpoints_file(value: Any) -> Any:
         if not path.is_file():
             raise ValueError(f"endpoints file {value!r} does not exist")
         try:
-            data = yaml.safe_load(path.read_text())
+            data = strict_yaml.safe_load(path.read_text())
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ValueError(f"endpoints file {value!r} cannot be read: {exc}") from None
         return data.get("endpoints", data) if isinstance(data, dict) else data

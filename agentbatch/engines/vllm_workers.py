@@ -28,6 +28,8 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from agentbatch.protocols import strict_yaml
+
 DEFAULT_PYTHON = ".venv-vllm/bin/python"
 ENTRYPOINT = "vllm.entrypoints.openai.api_server"
 
@@ -146,7 +148,7 @@ def load_workers_config(path: str | Path) -> WorkersConfig:
     if not path.is_file():
         raise WorkersError(f"{path}: no such file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = strict_yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise WorkersError(f"{path}: cannot parse: {exc}") from exc
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,14 +104,14 @@ class McpConnection:
 
     async def _main(self) -> None:
         from mcp import Client
-        from mcp.client.stdio import StdioServerParameters
+        from mcp.client.stdio import StdioServerParameters, stdio_client
 
         if self.spec.url:
             target: Any = self.spec.url
-        else:
-            target = StdioServerParameters(
+        else:  # the server's stderr goes to this process's stderr of now (the SDK's default: of import time)
+            target = stdio_client(StdioServerParameters(
                 command=self.spec.command, args=self.spec.args, env=self.spec.env, cwd=self.spec.cwd
-            )
+            ), errlog=sys.stderr)
         self._stop = asyncio.Event()
         async with Client(target, read_timeout_seconds=self.call_timeout_s) as client:
             self._client = client

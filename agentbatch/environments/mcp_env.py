@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import concurrent.futures
 import inspect
 import json
 import sys
@@ -38,8 +39,10 @@ from agentbatch.environments.mcp_tasks import (
     recorded_calls,
     sample_context,
     score_with_plugin,
+    select_tasks,
     strip_injected,
     task_specs,
+    toolset_problems,
 )
 from agentbatch.protocols.engine import Message, ToolSchema
 from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, RecordedTurn, TaskSpec
@@ -142,8 +145,7 @@ class McpEnvironment:
             self.toolset = await reconnect_dead(self.toolset, self.workload.call_timeout_s)
             return self.toolset
         await self._drop_toolset()
-        values = {**self.task.data.get("server_params", {}), "sample_key": self.context["sample_key"]}
-        specs = [s.formatted(values) for s in self.workload.specs]
+        specs = self.workload.specs_for(self.task, self.context)
         self.toolset = await open_toolset(specs, self.workload.call_timeout_s, self.workload.tool_filter,
                                           list(self.workload.inject))
         if external:
@@ -267,6 +269,16 @@ class McpEnvironment:
         self.toolset = None
 
 
+def run_now(coro: Any) -> Any:
+    """Run a coroutine to completion from sync code, also when this thread already runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def _canonical(value: Any) -> str:
     # Through JSON once first: keys become strings (mixed int/str keys cannot be sorted).
     return json.dumps(json.loads(json.dumps(value, default=repr)), sort_keys=True)
@@ -292,7 +304,7 @@ class McpWorkload:
         servers: list[dict[str, Any]] | None = None,
         tasks: list[dict[str, Any]] | None = None,
         preset: str | None = None,
-        category: str = "multi_turn_base",
+        category: str | None = None,
         limit: int | None = None,
         ids: list[str] | None = None,
         per_sample: bool | None = None,
@@ -313,18 +325,26 @@ class McpWorkload:
             servers = servers or [
                 {"name": "bfcl", "command": sys.executable, "args": ["-m", BFCL_SERVER, "--entry", "{entry}", "--expose-state"]}
             ]
-            tasks = tasks or bfcl_tasks(category, limit, ids)
+            tasks = tasks or bfcl_tasks(category or "multi_turn_base", limit, ids)
             per_sample = True if per_sample is None else per_sample
         elif preset is not None:
-            raise ValueError(f"mcp: unknown preset {preset!r}; expected 'bfcl'")
+            raise ValueError(f"preset: unknown preset {preset!r}; expected 'bfcl'")
+        elif category is not None:
+            raise ValueError("category: a BFCL category, only with preset: bfcl")
         if not servers:
-            raise ValueError("mcp: give servers (or preset='bfcl')")
+            raise ValueError("servers: give servers (or preset='bfcl')")
         self.specs = [McpServerSpec.from_params(s) for s in servers]
-        self._tasks = task_specs(tasks, task_file)
+        selected = task_specs(tasks, task_file)
+        self._tasks = selected if preset == "bfcl" else select_tasks(selected, limit, ids)
         self.tool_filter = ToolFilter.of(tools_allow, tools_hide)
         self.inject, self.batch_label, self.state_tool = dict(inject or {}), batch_label, state_tool
         self.scorer = load_scorer(scorer)
         self.per_sample = bool(per_sample)
+        for task in self._tasks:  # every template fills for every task, before anything runs
+            context = sample_context(task, batch_label)
+            injected_args(self.inject, context)
+            if self.per_sample:
+                self.specs_for(task, context)
         self.calls = CapacityLimiter(max_calls, "mcp-calls")
         self.call_timeout_s = call_timeout_s
         self.parallel_calls = parallel_calls
@@ -336,6 +356,39 @@ class McpWorkload:
 
     def tasks(self) -> list[TaskSpec]:
         return list(self._tasks)
+
+    def specs_for(self, task: TaskSpec, context: dict[str, Any]) -> list[McpServerSpec]:
+        """A per-sample server set: `{key}` placeholders filled from the task's `server_params` and its key."""
+        values = {**task.data.get("server_params", {}), "sample_key": context["sample_key"]}
+        try:
+            return [s.formatted(values) for s in self.specs]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"servers: cannot fill the placeholders of the server specs for task {task.task_id!r} "
+                             f"({exc!r}); known: {', '.join(sorted(values))}") from None
+
+    def check(self) -> None:
+        """Before a batch is written: start the servers (a sample's own, when per sample), list their
+        tools and check the settings against them (`toolset_problems`); ValueError naming each field."""
+        run_now(self._check())
+
+    async def _check(self) -> None:
+        task = self._tasks[0]
+        specs = self.specs_for(task, sample_context(task, self.batch_label)) if self.per_sample else self.specs
+        try:
+            toolset = await open_toolset(specs, self.call_timeout_s, self.tool_filter, list(self.inject))
+        except Exception as exc:  # noqa: BLE001 - any failure to start or reach a server is reported
+            names = ", ".join(s.name for s in specs)
+            raise ValueError(f"servers: cannot start or reach {names}: {type(exc).__name__}: {exc}") from None
+        try:
+            tool_args = {name: set((tool.input_schema or {}).get("properties") or {})
+                         for name, (conn, tool_name) in toolset.route.items()
+                         for tool in conn.tools if tool.name == tool_name}
+            problems = toolset_problems(toolset.route, [s["function"]["name"] for s in toolset.schemas],
+                                        tool_args, self)
+        finally:
+            await asyncio.gather(*(c.close() for c in toolset.connections), return_exceptions=True)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def create(self, task: TaskSpec) -> McpEnvironment:
         return McpEnvironment(self, task)
@@ -411,5 +464,7 @@ def bfcl_tasks(category: str, limit: int | None, ids: list[str] | None) -> list[
             }
         )
         if limit is not None and len(out) >= limit:
-            break
+            return out
+    if ids is not None and (unknown := sorted(set(ids) - {t["id"] for t in out})):
+        raise ValueError(f"ids: no BFCL task {unknown[:5]} in category {category!r}")
     return out

@@ -71,30 +71,58 @@ class TaskFile(PluginParams):
         return value
 
 
-def load_task_file(spec: TaskFile | Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Task dicts ({id, turns, group?, system?, ground_truth?, record}) from a JSONL/JSON file."""
-    tf = spec if isinstance(spec, TaskFile) else TaskFile.model_validate(dict(spec))
-    path, mapping = tf.path, {f: f for f in TASK_FIELDS} | tf.fields
+def _records(tf: TaskFile) -> list[tuple[str, Any]]:
+    """(where, record) of each record: "line N" of a JSONL file, "record N" of a JSON list."""
+    path = tf.path
     text = Path(path).read_text(encoding="utf-8")
     if path.endswith(".jsonl"):
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
+        out = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append((f"line {n}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"task_file.path: {path} line {n}: not JSON ({exc.msg}, column {exc.colno})") from None
+        return out
+    try:
         data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"task_file.path: {path} line {exc.lineno}: not JSON ({exc.msg}, column {exc.colno})") from None
+    try:
         records = _dig(data, tf.key) if tf.key else data
-    if not isinstance(records, list) or not records:
-        raise ValueError(f"task_file {path}: expected a non-empty list of records")
+    except KeyError:
+        raise ValueError(f"task_file.key: {path} has no {tf.key!r}") from None
+    if not isinstance(records, list):
+        raise ValueError(f"task_file: {path}: expected a list of records" + (f" under {tf.key!r}" if tf.key else ""))
+    return [(f"record {i}", r) for i, r in enumerate(records)]
+
+
+def load_task_file(spec: TaskFile | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Task dicts ({id, turns, group?, system?, ground_truth?, record}) from a JSONL/JSON file. A record
+    without its id or turns, and a mapped field (`fields`) that no record has, are errors."""
+    tf = spec if isinstance(spec, TaskFile) else TaskFile.model_validate(dict(spec))
+    path, mapping = tf.path, {f: f for f in TASK_FIELDS} | tf.fields
+    records = _records(tf)
+    if not records:
+        raise ValueError(f"task_file: {path}: expected a non-empty list of records")
     out = []
-    for i, record in enumerate(records):
+    found: set[str] = set()
+    for where_in_file, record in records:
         task: dict[str, Any] = {"record": record}
         for name, where in mapping.items():
             try:
                 task[name] = _dig(record, where)
+                found.add(name)
             except KeyError:
                 if name in ("id", "turns"):
-                    raise ValueError(f"task_file {path}: record {i} has no {where!r} (task field {name!r})") from None
+                    raise ValueError(f"task_file: {path} {where_in_file}: no {where!r} (task field {name!r})") from None
         turns = task["turns"]
         task["turns"] = [turns] if isinstance(turns, str | Mapping) else list(turns)
         out.append(task)
+    if missing := sorted(set(tf.fields) - found):  # a typo in an optional mapping: silently nothing otherwise
+        raise ValueError("; ".join(f"task_file.fields.{name}: no record of {path} has {tf.fields[name]!r}"
+                                   for name in missing))
     return out
 
 
@@ -103,6 +131,19 @@ def task_specs(tasks: Sequence[Mapping[str, Any]] | None, task_file: TaskFile | 
     rows = list(tasks or []) + (load_task_file(task_file) if task_file else [])
     return [TaskSpec(task_id=str(t["id"]), data={k: v for k, v in t.items() if k != "id"}, group=str(t.get("group") or ""))
             for t in rows]
+
+
+def select_tasks(tasks: list[TaskSpec], limit: int | None, ids: Sequence[str] | None) -> list[TaskSpec]:
+    """The tasks named by `ids` (each must exist), then the first `limit` of them."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit: expected at least 1, got {limit}")
+    if ids is not None:
+        known = {t.task_id for t in tasks}
+        if unknown := [i for i in ids if i not in known]:
+            raise ValueError(f"ids: no task {unknown[:5]} among the workload's {len(tasks)} tasks")
+        wanted = set(ids)
+        tasks = [t for t in tasks if t.task_id in wanted]
+    return tasks[:limit] if limit is not None else tasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +158,29 @@ class ToolFilter:
     def visible(self, name: str) -> bool:
         allowed = not self.allow or any(fnmatch.fnmatchcase(name, p) for p in self.allow)
         return allowed and not any(fnmatch.fnmatchcase(name, p) for p in self.hide)
+
+
+def toolset_problems(route: Mapping[str, Any], visible: Sequence[str], tool_args: Mapping[str, set[str]],
+                     workload: Any) -> list[str]:
+    """What the servers' tools say about the workload's settings: patterns that match no tool, no tool
+    left for the model, an unknown state tool or check tool, an injected argument no tool takes.
+    `route`: every tool by exposed name; `visible`: those the model sees; `tool_args`: each tool's arguments."""
+    names = sorted(route)
+    shown = ", ".join(names[:30]) + (" ..." if len(names) > 30 else "")
+    out = [f"{what}: {pattern!r} matches no tool of the servers ({shown})"
+           for what, patterns in (("tools_allow", workload.tool_filter.allow), ("tools_hide", workload.tool_filter.hide))
+           for pattern in patterns if not any(fnmatch.fnmatchcase(n, pattern) for n in names)]
+    if not visible:
+        out.append(f"tools_allow/tools_hide: the model would see none of the servers' tools ({shown})")
+    if workload.state_tool and workload.state_tool not in route:
+        out.append(f"state_tool: no tool {workload.state_tool!r} on the servers ({shown})")
+    out += [f"inject.{arg}: no tool of the servers takes an argument {arg!r}"
+            for arg in workload.inject if not any(arg in args for args in tool_args.values())]
+    for task in workload.tasks():
+        tool = (task.data.get("check") or {}).get("tool")
+        if tool and tool not in route:
+            out.append(f"tasks: task {task.task_id!r}: check.tool {tool!r} is no tool of the servers ({shown})")
+    return out
 
 
 def strip_injected(schema: dict[str, Any], injected: Sequence[str]) -> dict[str, Any]:
@@ -135,10 +199,14 @@ def sample_context(task: TaskSpec, batch_label: str | None) -> dict[str, Any]:
 
 
 def injected_args(templates: Mapping[str, str], context: Mapping[str, Any]) -> dict[str, str]:
-    try:
-        return {k: str(v).format(**context) for k, v in templates.items()}
-    except (KeyError, IndexError, ValueError) as exc:
-        raise ValueError(f"inject: cannot fill {dict(templates)} from the sample ({exc})") from None
+    out = {}
+    for name, template in templates.items():
+        try:
+            out[name] = str(template).format(**context)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(f"inject.{name}: cannot fill {template!r} for task {context.get('task_id')!r} ({exc!r}); "
+                             f"a template may use {', '.join('{' + k + '}' for k in sorted(context))}") from None
+    return out
 
 
 @dataclass

@@ -88,6 +88,8 @@ def plan_batch(config: BatchConfig) -> BatchPlan:
     if not tasks:
         raise ValueError(f"workload {config.workload.kind!r} with params {config.workload.params} has no tasks")
     check_task_names(tasks)
+    if (check := getattr(workload, "check", None)) is not None:
+        check()  # what only its servers or files can tell (EnvironmentFactory: optional `check`)
     return BatchPlan(config, workload, [(t.task_id, t.data, t.group or None) for t in tasks])
 
 

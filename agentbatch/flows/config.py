@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from agentbatch.protocols import strict_yaml
 from agentbatch.protocols.plugins import Plugin, PluginError, resolve
 from agentbatch.protocols.retry import RetryPolicy
 from agentbatch.scheduling.admission_order import AdmissionOrder
@@ -302,7 +303,7 @@ def read_config_data(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}); expected YAML or TOML") from None
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        data = tomllib.loads(text) if path.suffix == ".toml" else strict_yaml.safe_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
         raise ConfigError(f"{path}: cannot parse: {exc}") from None
     if data is None or data == {}:

@@ -133,7 +133,9 @@ class EnvironmentFactory(Protocol):
     """Makes the environments of one workload and lists its tasks.
 
     Optional: `ground_truth(task) -> list of GroundTruthTurn` (or of lists of calls), the reference
-    solution the scripted engine answers with (see `GroundTruthSource`).
+    solution the scripted engine answers with (see `GroundTruthSource`); `check() -> None`, called
+    before a batch is written: everything the workload can verify up front (servers reachable, tool
+    names its settings use), raising ValueError that starts with the parameter at fault.
     """
 
     name: str

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,20 @@ def cfg(**overrides: object) -> dict:
     return data
 
 
+TASKS = Path(__file__).resolve().parent / "mcp_tasks"  # JSONL task files, good and broken
+KV_SERVER = Path(__file__).resolve().parents[1] / "plugins" / "kv_server.py"  # a third party's MCP server
+
+
+def mcp(**overrides: object) -> dict:
+    """A good mcp workload on a real MCP server (its tools: kv_set, kv_get, debug_dump; each takes
+    state_key) with params overridden."""
+    params = {"servers": [{"name": "kv", "command": sys.executable, "args": [str(KV_SERVER)]}],
+              "task_file": {"path": str(TASKS / "good.jsonl"), "fields": {"id": "task_id", "turns": "asks",
+                                                                           "system": "system_prompt"}},
+              "inject": {"state_key": "{sample_key}"}, "tools_hide": ["debug_*"], "state_tool": "debug_dump"}
+    return {"name": "mcp", "workload": {"kind": "mcp", "params": {**params, **overrides}}}
+
+
 INF = float("inf")
 CASES = [
     # --- the file itself
@@ -53,6 +68,8 @@ CASES = [
     Case("unknown-suffix", "unknown config format", "name: x\n", suffix=".txt"),
     Case("missing-file", "no such file", argv=("run", "{tmp}/nope.yaml", "--db", "{db}")),
     Case("yaml-python-tag", "cannot parse", "name: !!python/object/apply:os.system ['true']\n"),
+    Case("yaml-duplicate-key", "duplicate key 'limit'",
+         "name: x\nworkload:\n  kind: bfcl\n  params:\n    limit: 2\n    limit: 50\n"),
     Case("unknown-top-key", "nmae", cfg(nmae="x")),
     # --- top-level fields
     Case("name-too-long", "name", cfg(name="n" * 201)),
@@ -92,6 +109,27 @@ CASES = [
         "servers": [{"name": "s", "command": "true"}], "tasks": [{"id": "t" * 201, "turns": ["hi"]}]}})),
     Case("task-group-too-long", "workload.params: group", cfg(workload={"kind": "mcp", "params": {
         "servers": [{"name": "s", "command": "true"}], "tasks": [{"id": "t", "group": "g" * 201, "turns": ["hi"]}]}})),
+    # --- the mcp workload: checked against its files and its servers' tools before anything is written
+    Case("mcp-server-missing", "workload.params: servers: cannot start or reach kv",
+         mcp(servers=[{"name": "kv", "command": "/nonexistent/mcp-server"}])),
+    Case("mcp-server-exits", "workload.params: servers: cannot start or reach kv",
+         mcp(servers=[{"name": "kv", "command": sys.executable, "args": ["-c", "pass"]}])),
+    Case("mcp-allow-matches-nothing", "tools_allow: 'serch*' matches no tool", mcp(tools_allow=["serch*"])),
+    Case("mcp-hide-matches-nothing", "tools_hide: 'dbg_*' matches no tool", mcp(tools_hide=["dbg_*"])),
+    Case("mcp-no-tool-left", "the model would see none", mcp(tools_allow=["debug_*"])),
+    Case("mcp-state-tool-unknown", "state_tool: no tool 'dump_state'", mcp(state_tool="dump_state")),
+    Case("mcp-field-mapping-typo", "task_file.fields.system: no record", mcp(task_file={
+        "path": str(TASKS / "good.jsonl"), "fields": {"id": "task_id", "turns": "asks", "system": "sytem_prompt"}})),
+    Case("mcp-inject-template-typo", "inject.state_key: cannot fill '{sampel_key}'",
+         mcp(inject={"state_key": "{sampel_key}"})),
+    Case("mcp-inject-unknown-argument", "inject.stat_key: no tool", mcp(inject={"stat_key": "{sample_key}"})),
+    Case("mcp-category-without-preset", "category: a BFCL category", mcp(category="multi_turn_base")),
+    Case("mcp-ids-unknown", "ids: no task ['kv-9']", mcp(ids=["kv-9"])),
+    Case("mcp-limit-zero", "limit: expected at least 1", mcp(limit=0)),
+    Case("mcp-jsonl-malformed", "malformed.jsonl line 3: not JSON", mcp(task_file={
+        "path": str(TASKS / "malformed.jsonl"), "fields": {"id": "task_id", "turns": "asks"}})),
+    Case("mcp-jsonl-record-without-id", "no_id.jsonl line 2: no 'task_id'", mcp(task_file={
+        "path": str(TASKS / "no_id.jsonl"), "fields": {"id": "task_id", "turns": "asks"}})),
     # --- the engine
     Case("engine-unknown", "engine.kind", cfg(**{"engine.kind": "gpt"})),
     Case("engine-workers-zero", "engine.params.workers", cfg(**{"engine.params": {"workers": 0}})),
@@ -140,20 +178,16 @@ CASES = [
     Case("report-unknown-batch", "999", argv=("report", "999", "--db", "{db}", "--out", "{tmp}/r")),
     Case("report-out-is-file", "--out", argv=("report", "1", "--db", "{db}", "--out", "{db_path}")),
     Case("report-out-under-file", "--out", argv=("report", "1", "--db", "{db}", "--out", "{db_path}/sub")),
+    # a folder no one may create in, root included (sysfs)
+    Case("report-out-unwritable", "--out", argv=("report", "1", "--db", "{db}", "--out", "/sys/agentbatch-report")),
     Case("resume-plugin-gone", "workload.kind", argv=("resume", "2", "--db", "{db}")),
     Case("batch-id-not-int", "batch_id", argv=("status", "one", "--db", "{db}")),
 ]
 
 
 def _digest(folder: Path) -> dict[str, str]:
-    """Every file's bytes, except SQLite's empty side files: a read-only connection to a WAL store
-    leaves an empty `-wal` (no pending write) and the `-shm` index behind, which it may not remove."""
-    out = {}
-    for p in sorted(folder.iterdir()):
-        if p.name.endswith("-shm") or (p.name.endswith("-wal") and p.stat().st_size == 0):
-            continue
-        out[p.name] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
+    """Every file's bytes: the store, and no `-wal` or `-shm` beside it after a read-only command."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +205,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_exits_2_naming_the_field_and_leaves_the_store_untouched(
-    case: Case, seeded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: Case, seeded: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     db_folder = tmp_path / "db"
     db_folder.mkdir()
@@ -193,7 +227,7 @@ def test_bad_input_exits_2_naming_the_field_and_leaves_the_store_untouched(
         rc = cli(argv)
     except SystemExit as exc:  # argparse's own usage errors
         rc = exc.code
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err  # fd level: MCP servers started by the checks need a real stderr
 
     assert rc == 2, err
     assert case.expect in err, err

@@ -74,6 +74,16 @@ def test_schema_injection_and_hidden_tools(tmp_path: Path) -> None:
     assert injected == {"state_key": "t:kv-0"}
 
 
+@pytest.mark.usefixtures("on_path")
+def test_limit_and_ids_select_tasks_and_the_servers_fit_the_settings(tmp_path: Path) -> None:
+    write_tasks(tmp_path / "tasks.jsonl")
+    assert [t.task_id for t in make_workload("mcp", {**params(tmp_path / "tasks.jsonl"), "limit": 2}).tasks()] \
+        == ["kv-0", "kv-1"]
+    wl = make_workload("mcp", {**params(tmp_path / "tasks.jsonl"), "ids": ["kv-2", "kv-0"]})
+    assert [t.task_id for t in wl.tasks()] == ["kv-0", "kv-2"]
+    wl.check()  # the real server's tools: tools_hide, state_tool and the injected state_key all fit
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api", "on_path")
 def test_third_party_server_batch_scores_by_plugin_per_group(tmp_path: Path) -> None:

@@ -65,3 +65,32 @@ def test_resume_of_a_finished_batch_changes_nothing(sqlite_url: str) -> None:
     after = store.get_batch(batch_id)
     assert (after.status, after.finished_at, after.flow_run_id) == ("completed", done.finished_at, done.flow_run_id)
     store.close()
+
+
+def test_read_only_open_leaves_every_file_as_it_was(tmp_path: Path) -> None:
+    """`status` / `report` on a store no process has open: no -wal or -shm appears, the bytes stay."""
+    url = f"sqlite:///{tmp_path / 'a.sqlite'}"
+    Store(url).close()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    reader = Store(url, read_only=True)
+    assert reader.get_batch(999) is None and reader.list_batches() == []
+    reader.close()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_read_only_reader_refuses_a_store_changed_under_it(tmp_path: Path) -> None:
+    """Read without locks (no process had it open), the store is then written and checkpointed by a
+    writer: the reader's next read is refused rather than mixing old and new pages."""
+    url = f"sqlite:///{tmp_path / 'a.sqlite'}"
+    Store(url).close()
+    reader = Store(url, read_only=True)
+    assert reader.list_batches() == []
+    writer = Store(url)
+    writer.create_batch("b", {}, [("t", {})])
+    writer.close()  # the last connection checkpoints into the main file
+    with pytest.raises(StoreUnavailable, match="changed while it was read"):
+        reader.list_batches()
+    reader.close()
+    again = Store(url, read_only=True)
+    assert [b.name for b in again.list_batches()] == ["b"]
+    again.close()

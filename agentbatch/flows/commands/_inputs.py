@@ -51,15 +51,26 @@ def out_dir_error(path: Path | None, arg: str) -> str | None:
     if path.exists():
         if not path.is_dir():
             return f"{arg}: {path} exists and is not a folder"
-        return None if os.access(path, os.W_OK | os.X_OK) else f"{arg}: {path} is not writable"
+        return None if _can_create_in(path) else f"{arg}: {path} is not writable"
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
         return f"{arg}: {parent} is not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not _can_create_in(parent):
         return f"{arg}: cannot create {path} ({parent} is not writable)"
     return None
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Tried, not asked: `os.access` says yes to root on a read-only or special file system (sysfs)."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".agentbatch-probe-", dir=folder))
+    except OSError:
+        return False
+    return True
 
 
 def writer_inputs_error(db: str | None, report: Path | None, *, must_exist: bool = False) -> str | None:

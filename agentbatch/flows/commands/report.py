@@ -138,7 +138,10 @@ def run(args: argparse.Namespace) -> int:
             return fail(f"report: {exc}")
         analyses = [main, *(a for a, _ in others)]
         out = args.out or default_out_dir(args.batch_id)
-        index = write_report_for(analyses, out, store=store, stores=[store, *(s for _, s in others)])
+        try:
+            index = write_report_for(analyses, out, store=store, stores=[store, *(s for _, s in others)])
+        except OSError as exc:  # checked above; a folder can still fail (full disk, removed meanwhile)
+            return fail(f"report: --out {out}: cannot write: {exc.strerror or exc}")
         for a in analyses:
             print(summary_from_analysis(a).to_text())
             print(plugins_line(a.data.config))
