@@ -435,10 +435,13 @@ def bfcl_tasks(category: str, limit: int | None, ids: list[str] | None) -> list[
     from agentbatch.environments.mcp_servers.bfcl_server import Backends
 
     truth = {g["id"]: g["ground_truth"] for g in load_ground_truth_entry(category)}
+    entries = load_dataset_entry(category)
+    if ids is not None:
+        if unknown := sorted(set(ids) - {e["id"] for e in entries}):
+            raise ValueError(f"ids: no BFCL task {unknown[:5]} in category {category!r}")
+        entries = [e for e in entries if e["id"] in ids]
     out = []
-    for entry in load_dataset_entry(category):
-        if ids is not None and entry["id"] not in ids:
-            continue
+    for entry in entries[:limit]:
         # The state the ground truth leads to, computed in-process with the same backend classes.
         backends = Backends(
             entry["involved_classes"],
@@ -463,8 +466,4 @@ def bfcl_tasks(category: str, limit: int | None, ids: list[str] | None) -> list[
                 "check": {"tool": "agentbatch_state", "expect_json": expected},
             }
         )
-        if limit is not None and len(out) >= limit:
-            return out
-    if ids is not None and (unknown := sorted(set(ids) - {t["id"] for t in out})):
-        raise ValueError(f"ids: no BFCL task {unknown[:5]} in category {category!r}")
     return out

@@ -167,20 +167,23 @@ def toolset_problems(route: Mapping[str, Any], visible: Sequence[str], tool_args
     `route`: every tool by exposed name; `visible`: those the model sees; `tool_args`: each tool's arguments."""
     names = sorted(route)
     shown = ", ".join(names[:30]) + (" ..." if len(names) > 30 else "")
-    out = [f"{what}: {pattern!r} matches no tool of the servers ({shown})"
-           for what, patterns in (("tools_allow", workload.tool_filter.allow), ("tools_hide", workload.tool_filter.hide))
-           for pattern in patterns if not any(fnmatch.fnmatchcase(n, pattern) for n in names)]
+    out = _unmatched_patterns(names, workload.tool_filter, shown)
     if not visible:
         out.append(f"tools_allow/tools_hide: the model would see none of the servers' tools ({shown})")
     if workload.state_tool and workload.state_tool not in route:
         out.append(f"state_tool: no tool {workload.state_tool!r} on the servers ({shown})")
     out += [f"inject.{arg}: no tool of the servers takes an argument {arg!r}"
             for arg in workload.inject if not any(arg in args for args in tool_args.values())]
-    for task in workload.tasks():
-        tool = (task.data.get("check") or {}).get("tool")
-        if tool and tool not in route:
-            out.append(f"tasks: task {task.task_id!r}: check.tool {tool!r} is no tool of the servers ({shown})")
+    checks = {t.task_id: (t.data.get("check") or {}).get("tool") for t in workload.tasks()}
+    out += [f"tasks: task {task_id!r}: check.tool {tool!r} is no tool of the servers ({shown})"
+            for task_id, tool in checks.items() if tool and tool not in route]
     return out
+
+
+def _unmatched_patterns(names: Sequence[str], tools: ToolFilter, shown: str) -> list[str]:
+    return [f"{what}: {pattern!r} matches no tool of the servers ({shown})"
+            for what, patterns in (("tools_allow", tools.allow), ("tools_hide", tools.hide))
+            for pattern in patterns if not any(fnmatch.fnmatchcase(n, pattern) for n in names)]
 
 
 def strip_injected(schema: dict[str, Any], injected: Sequence[str]) -> dict[str, Any]:

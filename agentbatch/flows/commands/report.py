@@ -113,12 +113,22 @@ def load_others(store: Store, values: list[str], opened: list[Store]) -> list[tu
     return out
 
 
+def _write(analyses: list[Any], out: Path, stores: list[Store]) -> Path | str:
+    """The report's index page, or what stopped it being written."""
+    from agentbatch.dashboards.report import write_report_for
+
+    try:
+        return write_report_for(analyses, out, store=stores[0], stores=stores)
+    except OSError as exc:  # the folder was checked; it can still fail (disk full, removed meanwhile)
+        return f"report: --out {out}: cannot write: {exc.strerror or exc}"
+
+
 def run(args: argparse.Namespace) -> int:
     # Imported here: the CLI loads every command module, and pandas is slow to import.
     from agentbatch.dashboards.analytics import BatchAnalysis
     from agentbatch.dashboards.compare import compare
     from agentbatch.dashboards.frames import UnknownBatch, load_batch
-    from agentbatch.dashboards.report import default_out_dir, write_report_for
+    from agentbatch.dashboards.report import default_out_dir
     from agentbatch.dashboards.sections import hints
     from agentbatch.dashboards.summary import summary_from_analysis
     from agentbatch.flows.commands.status import open_store_or_explain
@@ -137,11 +147,9 @@ def run(args: argparse.Namespace) -> int:
         except (UnknownBatch, ValueError) as exc:
             return fail(f"report: {exc}")
         analyses = [main, *(a for a, _ in others)]
-        out = args.out or default_out_dir(args.batch_id)
-        try:
-            index = write_report_for(analyses, out, store=store, stores=[store, *(s for _, s in others)])
-        except OSError as exc:  # checked above; a folder can still fail (full disk, removed meanwhile)
-            return fail(f"report: --out {out}: cannot write: {exc.strerror or exc}")
+        index = _write(analyses, args.out or default_out_dir(args.batch_id), [store, *(s for _, s in others)])
+        if isinstance(index, str):
+            return fail(index)
         for a in analyses:
             print(summary_from_analysis(a).to_text())
             print(plugins_line(a.data.config))
