@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -67,3 +67,18 @@ def wait_until(check: Callable[[], T], timeout_s: float, what: str, interval_s: 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not after {timeout_s:.0f} s")
         time.sleep(interval_s)
+
+
+def commit_writes(store: Any, writes: Iterable[Any]) -> None:
+    """Commit step attempts and sample updates (`db/step_records.py` writes) through the one writer, in
+    order, each awaited as the runner awaits its completions."""
+    import asyncio
+
+    from agentbatch.db.writer import StepWriter
+
+    async def main() -> None:
+        async with StepWriter(store) as writer:
+            for write in writes:
+                await writer.commit(write)
+
+    asyncio.run(main())

@@ -2,16 +2,19 @@
 their arguments, observations), its score and scorer output, its errors, and per step attempt the
 timing (queued, running), worker, tokens and retries.
 
-The runner and the gateway record steps in the same tables. What a step's `request`/`response`
-JSON holds is read in one place, `step_messages`:
+The runner and the gateway record steps in the same tables and the same request/response format
+(`db/step_records.py`). What a step's `request`/`response` JSON holds is read in one place,
+`step_messages`:
 
-- runner inference: request `{"messages", "tools"}` on step 0 only (later steps `n_messages`),
-  response `{"message", "finish_reason"}`;
-- runner environment: request `{"from_step"}`, response `{"messages": [tool/user ...], "done"}`;
-- gateway inference: request `{"messages_from", "messages"}`: the messages new since the
-  sample's previous request (they repeat the previous answer, and the tool results the MCP tool
-  gateway already recorded), response `{"message", "finish_reason", "id"}`;
-- gateway tool call: request `{"tool", "server", "arguments"}`, response `{"messages": [tool]}`.
+- inference: request `{"messages_from", "messages", ["tools"]}`: the messages new in this request
+  (the runner: all on step 0, none later, as its conversation is rebuilt from the responses; a
+  gateway: those new since the sample's previous request, which repeat the previous answer and the
+  tool results the MCP tool gateway already recorded), response `{"message", "finish_reason", ["id"]}`;
+- environment: request `{"from_step"}` (the runner) or `{"calls": [{"name", "server", "arguments"}]}`
+  (a gateway tool call), response `{"messages": [tool/user ...], "done"}`.
+
+Stores written before that format hold a gateway tool call as `{"tool", "server", "arguments"}`;
+it is read too.
 """
 
 from __future__ import annotations
@@ -146,8 +149,9 @@ def step_messages(kind: str, request: Any, response: Any) -> tuple[list[Message]
     if kind == "inference":
         out = [message_of(response["message"])] if response.get("message") is not None else []
         return inputs, out, None
-    call = (ToolCall(name=str(request["tool"]), arguments=_json(request.get("arguments", {})))
-            if "tool" in request else None)
+    calls = request.get("calls") or ([request] if "tool" in request else [])
+    call = (ToolCall(name=str(calls[0].get("name", calls[0].get("tool"))), arguments=_json(calls[0].get("arguments", {})))
+            if calls else None)
     return [], [message_of(m) for m in response.get("messages") or ()], call
 
 

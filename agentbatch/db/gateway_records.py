@@ -1,63 +1,22 @@
-"""Store writes of the gateways: samples that appear while a batch runs, and steps with the times
-the gateway measured.
+"""The gateways' sample rows: samples that appear while a batch runs, admitted and ended by it.
 
-The built-in runner knows its samples before the batch starts and writes each step on the event
-loop, so `Store` stamps times itself. The gateways learn of a sample from its first request and
-write from a background thread (off the request path), many records per transaction (group commit),
-so the times are passed in and every function takes the open session. The rows are
-the same `samples` and `steps` rows, so `status`, `report` and `--compare` read gateway batches
-like any other.
+The built-in runner knows its samples before the batch starts (`Store.create_batch`). A gateway
+learns of a sample from its first request, so it appends the row then, and admits and ends it as the
+harness goes. These are jobs of the one writer (`db/writer.py`): they run in its thread, in order with
+the step attempts (which may refer to the row before it is written, through a `SampleRef`), many per
+transaction, with the times the gateway measured. The rows are the same `samples` rows, so `status`,
+`report` and `--compare` read gateway batches like any other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from agentbatch.db.models import Sample, SampleStatus, Step, StepStatus
-from agentbatch.db.store import StepOutcome
-
-_OUTCOME_FIELDS = ("prompt_tokens", "cached_prompt_tokens", "recomputed_tokens", "output_tokens", "prefill_s",
-                   "decode_s", "engine_queue_s", "tool_calls")
-
-
-@dataclass(eq=False, slots=True)
-class SampleRef:
-    """A sample row that requests may refer to before it is written: `id` is set when it is inserted
-    (writes run in order, so every later write finds it)."""
-
-    id: int | None = None
-
-    @property
-    def row_id(self) -> int:
-        if self.id is None:
-            raise RuntimeError("the sample row is not written yet")
-        return self.id
-
-
-@dataclass(frozen=True, slots=True)
-class StepKey:
-    """One step attempt: unique in the `steps` table."""
-
-    sample: SampleRef
-    index: int
-    attempt: int = 1
-
-
-@dataclass(slots=True)
-class StepStart:
-    """A step attempt as the gateway saw it begin."""
-
-    batch_id: int
-    key: StepKey
-    kind: str
-    enqueued_at: float
-    started_at: float
-    request: dict[str, Any] | None
-    worker: str | None = None
+from agentbatch.db.models import Sample, SampleStatus
+from agentbatch.db.step_records import SampleRef
 
 
 def add_sample(session: Session, ref: SampleRef, batch_id: int, task_id: str,
@@ -91,33 +50,3 @@ def end_sample(session: Session, ref: SampleRef, at: float, *, score: float | No
         sample.result = {**(sample.result or {}), **result}
     if error is not None:
         sample.error = error
-
-
-def begin_step(session: Session, start: StepStart) -> None:
-    """Insert a `running` step attempt (one INSERT: the gateway numbers its own attempts)."""
-    session.execute(insert(Step).values(
-        batch_id=start.batch_id, sample_id=start.key.sample.row_id, index=start.key.index, attempt=start.key.attempt,
-        kind=start.kind, status=StepStatus.RUNNING, enqueued_at=start.enqueued_at, started_at=start.started_at,
-        worker=start.worker, request=start.request))
-
-
-def _where(key: StepKey) -> Any:
-    return (Step.sample_id == key.sample.row_id) & (Step.index == key.index) & (Step.attempt == key.attempt)
-
-
-def complete_step(session: Session, key: StepKey, kind: str, outcome: StepOutcome, finished_at: float) -> None:
-    """Mark the attempt completed at `finished_at` and advance its sample."""
-    values: dict[str, Any] = {name: getattr(outcome, name) for name in _OUTCOME_FIELDS}
-    values.update(status=StepStatus.COMPLETED, finished_at=finished_at, response=outcome.response)
-    if outcome.worker:
-        values["worker"] = outcome.worker
-    session.execute(update(Step).where(_where(key)).values(**values))
-    sample: dict[str, Any] = {"steps_done": Sample.steps_done + 1}
-    if kind == "inference" and outcome.worker:  # that worker now holds the sample's prefix
-        sample["last_worker"] = outcome.worker
-    session.execute(update(Sample).where(Sample.id == key.sample.row_id).values(**sample))
-
-
-def fail_step(session: Session, key: StepKey, error: str, finished_at: float) -> None:
-    session.execute(update(Step).where(_where(key)).values(status=StepStatus.FAILED, finished_at=finished_at,
-                                                          error=error))

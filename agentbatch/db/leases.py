@@ -219,10 +219,15 @@ def flag_in_flight(store: Store, sample_ids: list[int]) -> list[InFlight]:
                               .where(Sample.id.in_(sample_ids), Sample.in_flight_step.is_not(None))))
         now = time.time()
         for sample_id, batch_id, index in rows:
-            attempt = s.scalar(select(func.max(Step.attempt)).where(Step.sample_id == sample_id, Step.index == index))
+            last = s.scalar(select(Step).where(Step.sample_id == sample_id, Step.index == index)
+                            .order_by(Step.attempt.desc()).limit(1))
+            if last is not None and last.status in (StepStatus.RUNNING, StepStatus.ABANDONED):
+                # the attempt's own `running` row (the writer commits it before an external step runs)
+                last.status, last.error, last.finished_at = StepStatus.ABANDONED, MAY_HAVE_EXECUTED, now
+                continue
             s.add(Step(batch_id=batch_id, sample_id=sample_id, index=index, kind="environment",
-                       status=StepStatus.ABANDONED, attempt=(attempt or 0) + 1, enqueued_at=now, started_at=now,
-                       finished_at=now, error=MAY_HAVE_EXECUTED))
+                       status=StepStatus.ABANDONED, attempt=(last.attempt if last else 0) + 1, enqueued_at=now,
+                       started_at=now, finished_at=now, error=MAY_HAVE_EXECUTED))
         if rows:
             s.execute(update(Sample).where(Sample.id.in_([r[0] for r in rows])).values(in_flight_step=None)
                       .execution_options(synchronize_session=False))

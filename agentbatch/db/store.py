@@ -1,8 +1,10 @@
 """The store API: everything agentbatch writes to or reads from its SQL database.
 
-Each write method is one transaction. A step is recorded when it starts (status `running`) and
-completed in one transaction that also advances the sample's `steps_done`: after a crash a step is
-either completed with its response or not completed at all.
+Each write method is one transaction. Step attempts and the samples' progress are not written here
+but by the one group-commit writer (`db/writer.py`, records from `db/step_records.py`): an attempt is
+completed in the transaction that also advances its sample's `steps_done`, so after a crash a step is
+either completed with its response or not completed at all. This class reads them back (resume,
+status) and marks the attempts a dead process left `running` as abandoned.
 """
 
 from __future__ import annotations
@@ -26,22 +28,6 @@ from agentbatch.db.models import (
     Worker,
 )
 from agentbatch.protocols.secrets import redact_text, redact_value
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    """What a finished step writes back."""
-
-    response: dict[str, Any]
-    prompt_tokens: int | None = None
-    cached_prompt_tokens: int | None = None
-    recomputed_tokens: int | None = None
-    output_tokens: int | None = None
-    prefill_s: float | None = None
-    decode_s: float | None = None
-    engine_queue_s: float | None = None
-    tool_calls: int | None = None
-    worker: str | None = None
 
 
 @dataclass(slots=True)
@@ -121,12 +107,6 @@ class Store:
         with self.session() as s:
             return list(s.scalars(q.order_by(Sample.index)))
 
-    def admit_sample(self, sample_id: int) -> None:
-        with self.session() as s, s.begin():
-            sample = s.get_one(Sample, sample_id)
-            sample.status = SampleStatus.RUNNING
-            sample.admitted_at = sample.admitted_at or time.time()
-
     def finish_sample(
         self, sample_id: int, *, score: float | None, result: dict[str, Any] | None, error: str | None = None
     ) -> None:
@@ -171,75 +151,6 @@ class Store:
             return {status: n for status, n in s.execute(q)}
 
     # --- steps ---------------------------------------------------------------------------------
-    def start_step(
-        self,
-        *,
-        batch_id: int,
-        sample_id: int,
-        index: int,
-        kind: str,
-        enqueued_at: float,
-        request: dict[str, Any] | None,
-        worker: str | None = None,
-        task_run_id: str | None = None,
-    ) -> int:
-        """Record a step attempt as running; returns its row id. The attempt number is one more than
-        the highest earlier attempt of the same step."""
-        with self.session() as s, s.begin():
-            prev = s.scalar(
-                select(func.max(Step.attempt)).where(Step.sample_id == sample_id, Step.index == index)
-            )
-            step = Step(
-                batch_id=batch_id,
-                sample_id=sample_id,
-                index=index,
-                kind=kind,
-                status=StepStatus.RUNNING,
-                attempt=(prev or 0) + 1,
-                enqueued_at=enqueued_at,
-                started_at=time.time(),
-                worker=worker,
-                request=request,
-                task_run_id=task_run_id,
-            )
-            s.add(step)
-            s.flush()
-            return step.id
-
-    def complete_step(self, step_id: int, outcome: StepOutcome) -> None:
-        """Mark the attempt completed and advance the sample, atomically."""
-        with self.session() as s, s.begin():
-            step = s.get_one(Step, step_id)
-            if step.status != StepStatus.RUNNING:
-                raise RuntimeError(f"step {step_id} is {step.status}, not running")
-            step.status = StepStatus.COMPLETED
-            step.finished_at = time.time()
-            step.response = outcome.response
-            for name in (
-                "prompt_tokens",
-                "cached_prompt_tokens",
-                "recomputed_tokens",
-                "output_tokens",
-                "prefill_s",
-                "decode_s",
-                "engine_queue_s",
-                "tool_calls",
-            ):
-                setattr(step, name, getattr(outcome, name))
-            if outcome.worker:
-                step.worker = outcome.worker
-            values: dict[str, Any] = {"steps_done": Sample.steps_done + 1}
-            if step.kind == "inference" and step.worker:
-                values["last_worker"] = step.worker
-            s.execute(update(Sample).where(Sample.id == step.sample_id).values(**values))
-
-    def fail_step(self, step_id: int, error: str) -> None:
-        with self.session() as s, s.begin():
-            step = s.get_one(Step, step_id)
-            step.status = StepStatus.FAILED
-            step.finished_at = time.time()
-            step.error = error
-
     def completed_steps(self, sample_id: int) -> list[Step]:
         q = (
             select(Step)

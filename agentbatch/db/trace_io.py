@@ -17,6 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentbatch.db.models import Batch, BatchStatus, Sample, Step, StepStatus
+from agentbatch.db.step_records import (
+    environment_request,
+    environment_response,
+    inference_request,
+    inference_response,
+)
 from agentbatch.db.store import Store
 from agentbatch.protocols.tokens import chat_tokens, count_tokens, render_message
 from agentbatch.traces.conversation import assistant_message, initial_messages, observation_messages
@@ -108,15 +114,13 @@ def _step_io(ts: TraceSample, st: TraceStep, messages: list[dict[str, Any]]) -> 
     """The request/response a live run stores for this step (same shapes as the live step code)."""
     if st.kind == INFERENCE:
         msg = assistant_message(ts, st)
-        request: dict[str, Any] = {"n_messages": len(messages)}
-        if st.index == 0:
-            request.update(messages=messages, tools=ts.tools or [])
-        return _StepIO(request, {"message": msg, "finish_reason": "stop"}, [*messages, msg])
+        first = st.index == 0
+        request = inference_request(messages, ts.tools, None, messages_from=0 if first else len(messages),
+                                    with_tools=first)
+        return _StepIO(request, inference_response(msg, "stop"), [*messages, msg])
     obs = observation_messages(ts, st)
-    response: dict[str, Any] = {"messages": obs, "done": st.done}
-    if st.tools is not None:
-        response["tools"] = st.tools
-    return _StepIO({"from_step": st.index - 1}, response, [*messages, *obs])
+    response = environment_response(obs, st.done, tools=st.tools)
+    return _StepIO(environment_request(from_step=st.index - 1), response, [*messages, *obs])
 
 
 def _step_rows(batch_id: int, sample_id: int, ts: TraceSample, base: float) -> list[Step]:

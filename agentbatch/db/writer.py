@@ -1,81 +1,102 @@
-"""The batched step writer: step rows and sample updates committed in groups, off the event loop.
+"""The one writer of step attempts and sample updates: group commits, off the event loop.
 
-One thread owns the writes of a process. Coroutines hand it rows (`write_step`, `update_sample`)
-and await a future that resolves once *their* row is committed; the thread takes everything that
-queued up while it committed the last group and commits it in one transaction. So a step counts as
-completed only once its row is in the database (resume stays exact), and a thousand steps per second
-cost a few dozen transactions, none of them on the event loop.
+Every driver (the runner, also under `agentbatch join`, and both gateways) hands its writes here
+(`db/step_records.py`); one thread per process commits them. A write is either awaited (`commit`:
+returns once *its* transaction committed; the runner's completions, so a step counts as completed only
+once its row is in the database and resume stays exact) or posted (`record`: committed within
+`group_delay_s`, never waited for; the gateways' rows, failed and cancelled attempts). The thread
+takes everything queued and commits it in one transaction: a thousand steps per second cost a few
+dozen transactions, none of them on the event loop.
+
+An attempt's `running` row costs nothing on the hot path: its begin is held in the writer thread and
+folded into the attempt's final row when the attempt ends within `show_after_s`; only an attempt
+still running then gets a `running` row (updated when it ends). So `status` shows the steps really in
+flight (those running longer than `show_after_s`), and a process that dies leaves them `running`, to be
+marked abandoned on resume. A begin with sample values (an external environment's `in_flight_step`)
+is committed before the step runs.
 
 Writes of one sample keep their order: the queue is FIFO and a group applies its sample updates in
-arrival order (later values win). A group that fails is retried item by item, so one bad row fails
+arrival order (later values win). A group that fails is retried write by write, so one bad row fails
 only its own writer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, bindparam, func, insert, update
+from sqlalchemy.orm import Session
 
 from agentbatch.db.models import Sample, Step
+from agentbatch.db.step_records import SampleKey, StepWrite, sample_id_of, sample_update
 from agentbatch.db.store import Store
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _STEPS = Step.__table__
 _SAMPLES = Sample.__table__
+_KEY = ("sample_id", "index", "attempt")
 # Columns kept when set: a resumed sample keeps its first admission time and its last worker.
 _KEEP_FIRST = frozenset({"admitted_at"})
 _KEEP_IF_NULL = frozenset({"last_worker"})
+Job = Callable[[Session], Any]
 
 
 @dataclass(slots=True)
 class _Item:
-    step: dict[str, Any] | None  # a Step row to insert
-    sample_id: int | None  # the sample to update
-    values: dict[str, Any]  # its new column values
-    future: asyncio.Future[None] | None
-    loop: asyncio.AbstractEventLoop | None
+    write: StepWrite | None  # or a job
+    job: Job | None = None
+    future: asyncio.Future[Any] | concurrent.futures.Future[Any] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    urgent: bool = False  # awaited: commit without waiting for company
+    at: float = 0.0  # monotonic time it was queued
+
+
+@dataclass(slots=True)
+class _Op:
+    """What one write becomes in the database: a step row inserted or updated, sample values, or a job."""
+
+    insert: dict[str, Any] | None = None
+    update: dict[str, Any] | None = None
+    sample: SampleKey | None = None
+    sample_values: dict[str, Any] | None = None
+    job: Job | None = None
+    items: list[_Item] = field(default_factory=list)  # whose futures it resolves
+    opens: tuple[Any, ...] | None = None  # the attempt whose `running` row it writes
 
 
 @dataclass
 class WriterStats:
     groups: int = 0
-    rows: int = 0
+    rows: int = 0  # writes committed
     largest_group: int = 0
     retried_groups: int = 0
+    folded: int = 0  # attempts written once (begin folded into the final row)
+    running_rows: int = 0  # attempts that got a `running` row first
     write_s: float = 0.0  # time inside transactions (the writer thread's, not the event loop's)
 
 
-@dataclass
-class _Group:
-    items: list[_Item] = field(default_factory=list)
-
-    def steps(self) -> list[dict[str, Any]]:
-        return [i.step for i in self.items if i.step is not None]
-
-    def sample_values(self) -> dict[int, dict[str, Any]]:
-        merged: dict[int, dict[str, Any]] = {}
-        for item in self.items:
-            if item.sample_id is not None:
-                values = merged.setdefault(item.sample_id, {})
-                values.update((k, v) for k, v in item.values.items() if k not in _KEEP_FIRST or k not in values)
-        return merged
+def _resolved(row: dict[str, Any]) -> dict[str, Any]:
+    sid = row["sample_id"]
+    return row if isinstance(sid, int) else {**row, "sample_id": sample_id_of(sid)}
 
 
 def _update_statements(merged: dict[int, dict[str, Any]]) -> Iterable[tuple[Any, list[dict[str, Any]]]]:
-    """One executemany UPDATE per distinct set of columns."""
+    """One executemany UPDATE per distinct set of sample columns."""
     by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for sample_id, values in merged.items():
-        by_columns.setdefault(tuple(sorted(values)), []).append({"_sid": sample_id, **{f"_{k}": v for k, v in
-                                                                                         values.items()}})
+        by_columns.setdefault(tuple(sorted(values)), []).append(
+            {"_sid": sample_id, **{f"_{k}": v for k, v in values.items()}})
     for columns, rows in by_columns.items():
         assignments: dict[str, Any] = {}
         for c in columns:
@@ -89,28 +110,68 @@ def _update_statements(merged: dict[int, dict[str, Any]]) -> Iterable[tuple[Any,
         yield update(_SAMPLES).where(_SAMPLES.c.id == bindparam("_sid")).values(**assignments), rows
 
 
-def write_group(conn: Connection, group: _Group) -> None:
-    """Insert the group's step rows and apply its sample updates (inside the caller's transaction)."""
-    # executemany needs one set of columns: inference and environment rows differ, so one INSERT per set
-    by_columns: dict[frozenset[str], list[dict[str, Any]]] = {}
-    for row in group.steps():
-        by_columns.setdefault(frozenset(row), []).append(row)
-    for rows in by_columns.values():
+def _apply_rows(conn: Connection, ops: list[_Op]) -> None:
+    """Step inserts, step updates, then the merged sample updates of `ops` (no jobs among them)."""
+    # executemany needs one set of columns: inference and environment rows differ, so one per set
+    inserts: dict[frozenset[str], list[dict[str, Any]]] = {}
+    updates: dict[frozenset[str], list[dict[str, Any]]] = {}
+    merged: dict[int, dict[str, Any]] = {}
+    for op in ops:
+        if op.insert is not None:
+            row = _resolved(op.insert)
+            inserts.setdefault(frozenset(row), []).append(row)
+        if op.update is not None:
+            row = _resolved(op.update)
+            updates.setdefault(frozenset(row), []).append({f"_{k}": v for k, v in row.items()})
+        if op.sample is not None and op.sample_values:
+            values = merged.setdefault(sample_id_of(op.sample), {})
+            values.update((k, v) for k, v in op.sample_values.items() if k not in _KEEP_FIRST or k not in values)
+    for rows in inserts.values():
         conn.execute(insert(_STEPS), rows)
-    for statement, rows in _update_statements(group.sample_values()):
+    for columns, params in updates.items():
+        where = (_STEPS.c.sample_id == bindparam("_sample_id")) & (_STEPS.c.index == bindparam("_index")) & (
+            _STEPS.c.attempt == bindparam("_attempt"))
+        values = {c: bindparam(f"_{c}") for c in columns if c not in _KEY}
+        conn.execute(update(_STEPS).where(where).values(**values), params)
+    for statement, rows in _update_statements(merged):
         conn.execute(statement, rows)
 
 
-class StepWriter:
-    """Group-committing writer of step rows and sample updates; one per process and store."""
+def apply_ops(session: Session, ops: list[_Op]) -> list[Any]:
+    """Apply the ops in order inside the caller's transaction; returns each job's result (None for rows)."""
+    results: list[Any] = [None] * len(ops)
+    run: list[_Op] = []
+    for i, op in enumerate(ops):
+        if op.job is None:
+            run.append(op)
+            continue
+        if run:
+            _apply_rows(session.connection(), run)
+            run = []
+        results[i] = op.job(session)
+    if run:
+        _apply_rows(session.connection(), run)
+    return results
 
-    def __init__(self, store: Store, *, max_group: int = 1000) -> None:
+
+class StepWriter:
+    """Group-committing writer of step attempts, sample updates and store jobs; one per process and store."""
+
+    def __init__(self, store: Store, *, max_group: int = 1000, group_delay_s: float = 0.1,
+                 show_after_s: float = 0.25) -> None:
         self.store = store
         self.max_group = max_group
+        self.group_delay_s = group_delay_s  # a posted write waits at most this long for company
+        self.show_after_s = show_after_s  # an attempt running longer gets a `running` row
         self.stats = WriterStats()
+        self.errors = 0  # writes that failed (each logged)
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # the writer thread's own state
+        # begun, no row yet: (row, due), in the order they are due
+        self._held: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], float]] = OrderedDict()
+        self._open: set[tuple[Any, ...]] = set()  # attempts whose `running` row is committed
 
     # --- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> StepWriter:
@@ -119,14 +180,18 @@ class StepWriter:
             self._thread.start()
         return self
 
-    async def aclose(self) -> None:
-        """Commit what is queued, then stop the thread (without blocking the event loop)."""
+    def close(self) -> None:
+        """Commit everything queued, then stop the thread (blocking: from a thread, or after the loop)."""
         if self._thread is None or self._closed:
             self._closed = True
             return
         self._closed = True
         self._queue.put(None)
-        await asyncio.to_thread(self._thread.join)
+        self._thread.join()
+
+    async def aclose(self) -> None:
+        """`close` without blocking the event loop."""
+        await asyncio.to_thread(self.close)
 
     async def __aenter__(self) -> StepWriter:
         return self.start()
@@ -134,95 +199,187 @@ class StepWriter:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # --- writes (awaited: they return once committed) -----------------------------------------------
-    async def write_step(self, step: dict[str, Any], advance: dict[str, Any] | None = None) -> None:
-        """Insert one Step row (column -> value) and, in the same transaction, update its sample
-        with `advance` (e.g. steps_done, last_worker)."""
-        await self._submit(_Item(step, step["sample_id"] if advance else None, advance or {}, None, None))
+    # --- writes -------------------------------------------------------------------------------------
+    def record(self, write: StepWrite) -> None:
+        """Queue a write without waiting for it (committed within `group_delay_s`; a begin is held)."""
+        self._put(_Item(write))
 
-    async def update_sample(self, sample_id: int, values: dict[str, Any]) -> None:
-        await self._submit(_Item(None, sample_id, values, None, None))
-
-    def post_step(self, step: dict[str, Any]) -> None:
-        """Queue a row without waiting for it (a cancelled step's failed attempt, for the history)."""
-        if self._closed or self._thread is None:
-            return
-        self._queue.put(_Item(step, None, {}, None, None))
-
-    def _submit(self, item: _Item) -> asyncio.Future[None]:
-        if self._closed or self._thread is None:
-            raise RuntimeError("the step writer is not running")
+    async def commit(self, write: StepWrite) -> None:
+        """Queue a write and return once it is committed (raises what the database raised)."""
         loop = asyncio.get_running_loop()
-        item.future, item.loop = loop.create_future(), loop
+        item = _Item(write, future=loop.create_future(), loop=loop, urgent=True)
+        self._put(item)
+        await item.future  # type: ignore[misc]  # an asyncio future here (loop set)
+
+    async def update_sample(self, sample: SampleKey, values: dict[str, Any]) -> None:
+        await self.commit(sample_update(sample, values))
+
+    def submit(self, job: Callable[..., T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        """Queue `job(session, *args, **kwargs)` to run in order with the other writes (the gateways'
+        sample rows); its future resolves once committed."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._put(_Item(None, job=lambda s: job(s, *args, **kwargs), future=future))
+        return future
+
+    def _put(self, item: _Item) -> None:
+        if self._closed or self._thread is None:
+            if item.future is None:  # posted late (a step cancelled while the batch shuts down)
+                log.debug("step writer closed: a posted write is dropped")
+                return
+            raise RuntimeError("the step writer is not running")
+        item.at = time.monotonic()
         self._queue.put(item)
-        return item.future
 
     # --- the writer thread --------------------------------------------------------------------------
-    def _take(self) -> tuple[_Group, bool]:
-        first = self._queue.get()
-        group, stop = _Group(), first is None
-        if first is not None:
-            group.items.append(first)
-        while len(group.items) < self.max_group:
+    def _run(self) -> None:
+        pending: list[_Item] = []
+        stop = False
+        while not stop:
+            stop = self._take(pending, self._wait_s(pending))
+            if stop or self._due(pending):
+                self._commit(pending, flush=stop)
+                pending = []
+
+    def _take(self, pending: list[_Item], timeout: float | None) -> bool:
+        """Add what is queued to `pending` (waiting up to `timeout` for the first); True on close."""
+        try:
+            item = self._queue.get(timeout=timeout) if timeout is None or timeout > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return False
+        while item is not None:
+            pending.append(item)
+            if len(pending) >= self.max_group:
+                return False
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                break
-            if item is None:
-                stop = True
+                return False
+        return True
+
+    def _wait_s(self, pending: list[_Item]) -> float | None:
+        """How long the thread may sleep before something is due (None: until a write arrives)."""
+        now = time.monotonic()
+        deadlines = [self._next_due()] if self._held else []
+        if pending:
+            deadlines.append(0.0 if any(i.urgent for i in pending) else pending[0].at + self.group_delay_s)
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _due(self, pending: list[_Item]) -> bool:
+        now = time.monotonic()
+        if pending and (len(pending) >= self.max_group or pending[0].at + self.group_delay_s <= now
+                        or any(i.urgent for i in pending)):
+            return True
+        return bool(self._held) and self._next_due() <= now
+
+    def _next_due(self) -> float:
+        return next(iter(self._held.values()))[1]
+
+    def _plan(self, items: list[_Item], flush: bool) -> list[_Op]:
+        """The ops of a group: begins held (or written when they carry sample values), ends folded into
+        one INSERT with their held begin or an UPDATE of their `running` row, and the begins now due."""
+        ops: list[_Op] = []
+        now = time.monotonic()
+        for item in items:
+            write = item.write
+            if write is None:
+                ops.append(_Op(job=item.job, items=[item]))
+            elif write.step is None:
+                ops.append(_Op(sample=write.sample, sample_values=write.sample_values, items=[item]))
+            elif not write.ended and not write.sample_values and not item.urgent:
+                self._held[write.key] = (write.step, item.at + self.show_after_s)
+            elif not write.ended:
+                ops.append(_Op(insert=write.step, sample=write.sample, sample_values=write.sample_values,
+                               items=[item], opens=write.key))
             else:
-                group.items.append(item)
-        return group, stop
+                ops.append(self._end_op(write, item))
+        while self._held and (flush or self._next_due() <= now):
+            key, (row, _) = self._held.popitem(last=False)
+            ops.append(_Op(insert=row, opens=key))
+        return ops
 
-    def _run(self) -> None:
-        while True:
-            group, stop = self._take()
-            if group.items:
-                self._commit(group)
-            if stop and self._queue.empty():
-                return
+    def _end_op(self, write: StepWrite, item: _Item) -> _Op:
+        key = write.key
+        op = _Op(sample=write.sample, sample_values=write.sample_values, items=[item])
+        if self._held.pop(key, None) is not None or key not in self._open:
+            op.insert = write.step
+            self.stats.folded += 1
+        else:
+            self._open.discard(key)
+            op.update = write.step
+        return op
 
-    def _commit(self, group: _Group) -> None:
+    def _commit(self, items: list[_Item], *, flush: bool) -> None:
         started = time.perf_counter()
+        ops = self._plan(items, flush)
+        if not ops:
+            return
+        wake = _Wake()
         try:
-            with self.store.engine.begin() as conn:
-                write_group(conn, group)
-            _resolve(group.items, None)
+            with self.store.session() as session, session.begin():
+                results = apply_ops(session, ops)
+            for op, result in zip(ops, results, strict=True):
+                self._done(op, result, None, wake)
         except Exception as exc:  # noqa: BLE001 - retried one by one below, each failing only itself
-            log.debug("step writer: a group of %d failed (%s); retrying its items one by one", len(group.items), exc)
+            log.debug("step writer: a group of %d failed (%s); retrying its writes one by one", len(ops), exc)
             self.stats.retried_groups += 1
-            for item in group.items:
-                try:
-                    with self.store.engine.begin() as conn:
-                        write_group(conn, _Group([item]))
-                    _resolve([item], None)
-                except Exception as exc:  # noqa: BLE001 - handed to the awaiting coroutine
-                    log.warning("step writer: a write failed: %s", exc)
-                    _resolve([item], exc)
+            for op in ops:
+                self._commit_one(op, wake)
+        wake.send()
         self.stats.groups += 1
-        self.stats.rows += len(group.items)
-        self.stats.largest_group = max(self.stats.largest_group, len(group.items))
+        self.stats.rows += len(ops)
+        self.stats.largest_group = max(self.stats.largest_group, len(ops))
         self.stats.write_s += time.perf_counter() - started
 
-
-def _resolve(items: list[_Item], exc: BaseException | None) -> None:
-    """Wake the awaiting coroutines: one thread-safe call per event loop, not one per item."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-    for item in items:
-        if item.loop is not None and item.future is not None:
-            by_loop.setdefault(item.loop, []).append(item.future)
-    for loop, futures in by_loop.items():
+    def _commit_one(self, op: _Op, wake: _Wake) -> None:
         try:
-            loop.call_soon_threadsafe(_set_all, futures, exc)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+            with self.store.session() as session, session.begin():
+                (result,) = apply_ops(session, [op])
+        except Exception as exc:  # noqa: BLE001 - handed to whoever waits, and logged
+            self.errors += 1
+            log.warning("step writer: a write failed: %s", exc)
+            self._done(op, None, exc, wake)
+            return
+        self._done(op, result, None, wake)
+
+    def _done(self, op: _Op, result: Any, exc: BaseException | None, wake: _Wake) -> None:
+        if op.opens is not None and exc is None:
+            self._open.add(op.opens)
+            self.stats.running_rows += 1
+        for item in op.items:
+            wake.add(item, result, exc)
 
 
-def _set_all(futures: list[asyncio.Future[None]], exc: BaseException | None) -> None:
-    for f in futures:
-        if f.done():
+@dataclass
+class _Wake:
+    """Whoever waits on a group: jobs' futures are set at once; awaited writes are woken with one
+    thread-safe call per event loop, not one per write."""
+
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], BaseException | None]]] = field(
+        default_factory=dict)
+
+    def add(self, item: _Item, result: Any, exc: BaseException | None) -> None:
+        future = item.future
+        if isinstance(future, concurrent.futures.Future):
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
+        elif future is not None and item.loop is not None:
+            self.by_loop.setdefault(item.loop, []).append((future, exc))
+
+    def send(self) -> None:
+        for loop, futures in self.by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_set_all, futures)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+
+def _set_all(futures: list[tuple[asyncio.Future[Any], BaseException | None]]) -> None:
+    for future, exc in futures:
+        if future.done():
             continue
         if exc is None:
-            f.set_result(None)
+            future.set_result(None)
         else:
-            f.set_exception(exc)
+            future.set_exception(exc)

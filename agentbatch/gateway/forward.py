@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from agentbatch.db.store import StepOutcome
+from agentbatch.db.step_records import StepOutcome, inference_response
 
 
 @dataclass(slots=True)
@@ -74,7 +74,7 @@ def outcome_of(data: dict[str, Any], message: dict[str, Any] | None, worker: str
         message = choice.get("message") or {}
     cached = details.get("cached_tokens")
     return StepOutcome(
-        response={"message": message, "finish_reason": choice.get("finish_reason"), "id": data.get("id")},
+        response=inference_response(message, choice.get("finish_reason"), data.get("id")),
         prompt_tokens=_int(usage.get("prompt_tokens")),
         cached_prompt_tokens=_int(cached),
         output_tokens=_int(usage.get("completion_tokens")),

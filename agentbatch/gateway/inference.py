@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentbatch.db.step_records import inference_request
 from agentbatch.gateway.forward import StreamAccumulator, is_answer, outcome_of
 from agentbatch.gateway.identity import SampleIdError, check_sample_id, explicit_inference_id
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
@@ -37,18 +38,15 @@ def error_response(status: int, message: str, kind: str = "BadRequestError") -> 
 
 
 def request_record(sample: GatewaySample, body: dict[str, Any], priority: int | None) -> dict[str, Any]:
-    """What is stored of a request: the messages new since the sample's previous request (all of
-    them when the history was rewritten), and the tools when they changed."""
+    """What is stored of a request (`db/step_records.py`): the messages new since the sample's previous
+    request (all of them when the history was rewritten), and the tools when they changed."""
     messages = body["messages"]
     start = sample.seen_messages if sample.seen_messages <= len(messages) else 0
-    record: dict[str, Any] = {"n_messages": len(messages), "priority": priority, "messages_from": start,
-                              "messages": messages[start:]}
     tools = body.get("tools")
     signature = hash(json.dumps(tools, sort_keys=True, default=str)) if tools else 0
-    if tools and (start == 0 or signature != sample.tools_signature):
-        record["tools"] = tools
+    changed = bool(tools) and (start == 0 or signature != sample.tools_signature)
     sample.seen_messages, sample.tools_signature = len(messages), signature
-    return record
+    return inference_request(messages, tools, priority, messages_from=start, with_tools=changed)
 
 
 async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any], record: dict[str, Any]) -> SendResult:
@@ -61,19 +59,19 @@ async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any], recor
     last: list[httpx.Response] = []  # the last 5xx answer, read and closed
 
     async def attempt(n: int) -> httpx.Response:
-        state.recorder.begin(held.start(state.batch_id, record, state.clock()))
+        held.begin(state, record)
         try:
             resp = await client.send(client.build_request("POST", "/chat/completions", json=body), stream=True)
         except httpx.HTTPError as exc:
             error = f"{worker}: {exc.__class__.__name__}: {exc}"
-            state.recorder.fail(held.key, error, state.clock())
+            held.fail(state, error)
             raise EngineFailure(error) from exc
         if resp.status_code < 500:
             return resp
         await resp.aread()
         await resp.aclose()
         error = f"{worker}: HTTP {resp.status_code}: {resp.text[:300]}"
-        state.recorder.fail(held.key, error, state.clock())
+        held.fail(state, error)
         last[:] = [resp]
         raise EngineFailure(error)
 
@@ -99,24 +97,23 @@ async def _answer(state: GatewayState, held: HeldSlot, resp: httpx.Response) -> 
         await resp.aread()
     except httpx.HTTPError as exc:  # the worker went away in the middle of its answer
         error = f"{held.ticket.worker}: {exc.__class__.__name__}: {exc}"
-        state.recorder.fail(held.key, error, state.clock())
+        held.fail(state, error)
         _done(state, held, completed=False)
         return error_response(502, f"worker {held.ticket.worker} broke off its answer: {error}", "BadGatewayError")
     finally:
         await resp.aclose()
-    finished = state.clock()
     if resp.status_code >= 400:
-        state.recorder.fail(held.key, f"{held.ticket.worker}: HTTP {resp.status_code}: {resp.text[:300]}", finished)
+        held.fail(state, f"{held.ticket.worker}: HTTP {resp.status_code}: {resp.text[:300]}")
         _done(state, held, completed=False)
         return Response(resp.content, status_code=resp.status_code, media_type="application/json")
     try:
         data = resp.json()
         message = data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError):
-        state.recorder.fail(held.key, f"{held.ticket.worker}: malformed answer: {resp.text[:300]}", finished)
+        held.fail(state, f"{held.ticket.worker}: malformed answer: {resp.text[:300]}")
         _done(state, held, completed=False)
         return error_response(502, f"worker {held.ticket.worker} sent a malformed answer", "BadGatewayError")
-    state.recorder.complete(held.key, held.kind, outcome_of(data, None, held.ticket.worker or ""), finished)
+    held.complete(state, outcome_of(data, None, held.ticket.worker or ""))
     _done(state, held, completed=True, answered=is_answer(message))
     return Response(resp.content, status_code=resp.status_code, media_type="application/json")
 
@@ -147,12 +144,11 @@ def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usag
         if closed or held.released:  # ended already (the shutdown cancelled it)
             return
         closed = True
-        finished = state.clock()
         if completed:
             outcome = outcome_of(acc.data(), acc.message(), held.ticket.worker or "")
-            state.recorder.complete(held.key, held.kind, outcome, finished)
+            held.complete(state, outcome)
         else:
-            state.recorder.fail(held.key, "stream interrupted", finished)
+            held.fail(state, "stream interrupted")
         _done(state, held, completed=completed, answered=completed and is_answer(acc.message()))
 
     async def events() -> AsyncIterator[bytes]:

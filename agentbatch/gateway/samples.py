@@ -26,9 +26,10 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from agentbatch.db import gateway_records as records
+from agentbatch.db.step_records import SampleRef
 from agentbatch.db.store import Store
+from agentbatch.db.writer import StepWriter
 from agentbatch.gateway.identity import ConversationTree
-from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.tasks.coordinator import Coordinator
 
@@ -46,7 +47,7 @@ class SampleEnd:
 @dataclass(eq=False)
 class GatewaySample:
     key: str
-    row: records.SampleRef  # its `samples` row (the id is set once written)
+    row: SampleRef  # its `samples` row (the id is set once written)
     progress: SampleProgress
     next_index: int = 0
     admitted: bool = False
@@ -76,7 +77,7 @@ def _create(session: Session, store: Store, batch_id: int, sample: GatewaySample
 
 
 class SampleRegistry:
-    def __init__(self, coordinator: Coordinator, recorder: StepRecorder, batch_id: int, *,
+    def __init__(self, coordinator: Coordinator, recorder: StepWriter, batch_id: int, *,
                  end_on_answer: bool = True, yield_min_s: float = 1.0, yield_factor: float = 4.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.coordinator = coordinator
@@ -102,7 +103,7 @@ class SampleRegistry:
         if sample is None:
             seq = next(self._arrivals)
             # The coordinator keys samples by an id of this process; the store row id comes later.
-            sample = GatewaySample(key=key, row=records.SampleRef(), last_active=self.clock(),
+            sample = GatewaySample(key=key, row=SampleRef(), last_active=self.clock(),
                                    progress=SampleProgress(sample_id=seq, task_id=key, arrival_seq=seq))
             self.samples[key] = sample
             self.recorder.submit(_create, self.recorder.store, self.batch_id, sample)

@@ -25,12 +25,12 @@ from starlette.routing import Route
 
 from agentbatch.db.models import BatchStatus
 from agentbatch.db.store import Store
+from agentbatch.db.writer import StepWriter
 from agentbatch.engines.metrics import MetricsScraper
 from agentbatch.environments.mcp_client import McpServerSpec
 from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
 from agentbatch.gateway.guard import Guard, allowed_hosts, guarded_http, mcp_security
 from agentbatch.gateway.inference import routes
-from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.gateway.samples import SampleRegistry
 from agentbatch.gateway.state import GatewaySettings, GatewayState, abandon_step
 from agentbatch.gateway.tools import ToolGateway
@@ -64,7 +64,7 @@ class Gateway:
         self.batch = batch or GatewayBatch()
         self.upstreams = list(upstreams)
         self.settings = settings or GatewaySettings()
-        recorder = StepRecorder(store)
+        recorder = StepWriter(store).start()
         # The batch id is known once open() has created the batch.
         self.state = GatewayState(
             batch_id=0, coordinator=coordinator, recorder=recorder, settings=self.settings,
@@ -144,7 +144,7 @@ class Gateway:
             await self._scraper.stop()
         await state.pool.aclose()
         await self.tools.aclose()
-        await asyncio.to_thread(state.recorder.close)  # every record committed ...
+        await state.recorder.aclose()  # every record committed ...
         await asyncio.to_thread(self.store.finish_batch, state.batch_id, status, error)  # ... then the end
 
     def request_stop(self) -> None:

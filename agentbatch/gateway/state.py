@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentbatch.db.gateway_records import StepKey, StepStart
+from agentbatch.db.step_records import StepAttempt, StepOutcome
+from agentbatch.db.writer import StepWriter
 from agentbatch.gateway.forward import WorkerPool
-from agentbatch.gateway.recorder import StepRecorder
 from agentbatch.gateway.samples import GatewaySample, SampleRegistry
 from agentbatch.protocols.retry import RetryPolicy
 from agentbatch.scheduling.types import StepKind, StepTicket
@@ -60,7 +60,7 @@ class GatewayState:
     batch_id: int
     coordinator: Coordinator
     registry: SampleRegistry
-    recorder: StepRecorder
+    recorder: StepWriter  # the process's one step writer (posted writes: requests never wait on the store)
     pool: WorkerPool
     settings: GatewaySettings
     counters: GatewayCounters = field(default_factory=GatewayCounters)
@@ -70,31 +70,39 @@ class GatewayState:
 
 @dataclass(eq=False)
 class HeldSlot:
-    """A step holding its slot."""
+    """A step holding its slot, and its current attempt (each attempt is one `steps` row)."""
 
     sample: GatewaySample
     ticket: StepTicket
     slot: str
     started_at: float = 0.0
-
-    attempt: int = 0
+    attempt: StepAttempt | None = None
     released: bool = False
-
-    @property
-    def key(self) -> StepKey:
-        return StepKey(self.sample.row, self.ticket.step_index, self.attempt)
 
     @property
     def kind(self) -> str:
         return self.ticket.kind.value
 
-    def start(self, batch_id: int, request: dict[str, Any] | None, started_at: float) -> StepStart:
-        """The record of the next attempt, starting now."""
-        self.started_at = started_at
-        self.attempt += 1
+    def begin(self, state: GatewayState, request: dict[str, Any] | None) -> None:
+        """The next attempt starts now."""
+        self.started_at = state.clock()
         worker = self.ticket.worker if self.ticket.kind == StepKind.INFERENCE else self.slot
-        return StepStart(batch_id=batch_id, key=self.key, kind=self.kind, enqueued_at=self.ticket.enqueued_at,
-                         started_at=started_at, request=request, worker=worker)
+        self.attempt = StepAttempt(
+            batch_id=state.batch_id, sample=self.sample.row, index=self.ticket.step_index,
+            attempt=self.attempt.attempt + 1 if self.attempt else 1, kind=self.kind,
+            enqueued_at=self.ticket.enqueued_at, started_at=self.started_at, worker=worker, request=request)
+        state.recorder.record(self.attempt.begun())
+
+    def complete(self, state: GatewayState, outcome: StepOutcome) -> None:
+        """Stamped before the slot is given back: recorded intervals never overlap more than the slots.
+        The sample's progress is this step's (the coordinator counts it when the slot comes back)."""
+        assert self.attempt is not None
+        state.recorder.record(self.attempt.completed(outcome, steps_done=self.sample.progress.steps_done + 1,
+                                                     finished_at=state.clock()))
+
+    def fail(self, state: GatewayState, error: str) -> None:
+        assert self.attempt is not None
+        state.recorder.record(self.attempt.failed(error, state.clock()))
 
 
 async def acquire_step(state: GatewayState, sample: GatewaySample, kind: StepKind) -> HeldSlot:
@@ -128,9 +136,9 @@ def abandon_step(state: GatewayState, held: HeldSlot, error: str, *, cancelled: 
     back. False when the step had already ended."""
     if held.released:
         return False
-    if held.attempt == 0:
-        state.recorder.begin(held.start(state.batch_id, None, state.clock()))
-    state.recorder.fail(held.key, error, state.clock())
+    if held.attempt is None:
+        held.begin(state, None)
+    held.fail(state, error)
     release_step(state, held, completed=False)
     state.counters.cancelled += cancelled
     if held.ticket.kind == StepKind.INFERENCE:

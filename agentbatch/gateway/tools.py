@@ -20,7 +20,7 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
-from agentbatch.db.store import StepOutcome
+from agentbatch.db.step_records import StepOutcome, environment_request, environment_response
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
 from agentbatch.environments.mcp_env import (
     HIDDEN_PREFIX,
@@ -96,15 +96,14 @@ class ToolGateway:
             if n > 1:
                 await self._reconnect()
             conn, upstream_name = self._route(name)
-            record = {"tool": name, "server": conn.spec.name, "arguments": arguments}
-            state.recorder.begin(held.start(state.batch_id, record, state.clock()))
+            record = environment_request(calls=[{"name": name, "server": conn.spec.name, "arguments": arguments}])
+            held.begin(state, record)
             try:
                 out = await conn.call(upstream_name, arguments)
             except BaseException as exc:
-                state.recorder.fail(held.key, f"{exc.__class__.__name__}: {exc}", state.clock())
+                held.fail(state, f"{exc.__class__.__name__}: {exc}")
                 raise
-            # Stamped before the slot is given back: recorded intervals never overlap more than the slots.
-            state.recorder.complete(held.key, held.kind, _outcome(out, held.slot), state.clock())
+            held.complete(state, _outcome(out, held.slot))
             return out
 
         try:
@@ -139,8 +138,7 @@ class ToolGateway:
 def _outcome(result: types.CallToolResult, slot: str) -> StepOutcome:
     text = result_text(result)
     return StepOutcome(
-        response={"messages": [{"role": "tool", "content": text}], "done": False,
-                  **({"tool_errors": 1} if result.is_error else {})},
+        response=environment_response([{"role": "tool", "content": text}], False, tool_errors=int(bool(result.is_error))),
         tool_calls=1, worker=slot,
     )
 

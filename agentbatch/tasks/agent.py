@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentbatch.db.step_records import environment_response, inference_response
 from agentbatch.protocols.engine import ChatResult, Message, ToolSchema
 from agentbatch.protocols.environment import EnvReset, EnvResult
 from agentbatch.scheduling.types import StepKind
@@ -54,16 +55,12 @@ class AgentState:
     # --- what is recorded, and how it is replayed on resume ------------------------------------------
     @staticmethod
     def inference_record(result: ChatResult) -> dict[str, Any]:
-        return {"message": result.message, "finish_reason": result.finish_reason}
+        return inference_response(result.message, result.finish_reason)
 
     @staticmethod
     def environment_record(result: EnvResult) -> dict[str, Any]:
-        record: dict[str, Any] = {"messages": result.messages, "done": result.done}
-        if "tools" in result.info:
-            record["tools"] = result.info["tools"]
-        if result.tool_errors:
-            record["tool_errors"] = result.tool_errors
-        return record
+        return environment_response(result.messages, result.done, tools=result.info.get("tools"),
+                                    tool_errors=result.tool_errors)
 
     def apply_record(self, kind: str, response: dict[str, Any]) -> None:
         if kind == StepKind.INFERENCE:

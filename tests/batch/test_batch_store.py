@@ -1,11 +1,14 @@
-"""The SQL store on SQLite and PostgreSQL: batches, samples, step attempts, atomic completion."""
+"""The SQL store on SQLite and PostgreSQL: batches, samples, step attempts (written by the one step
+writer, as every driver writes them), atomic completion, attempts and abandon."""
 
 from __future__ import annotations
 
 import pytest
+from testkit import commit_writes
 
 from agentbatch.db.models import SampleStatus, StepStatus
-from agentbatch.db.store import StepOutcome, Store
+from agentbatch.db.step_records import StepAttempt, StepOutcome, sample_update
+from agentbatch.db.store import Store
 
 
 def new_batch(store: Store) -> tuple[int, list[int]]:
@@ -13,9 +16,9 @@ def new_batch(store: Store) -> tuple[int, list[int]]:
     return bid, [s.id for s in store.samples(bid)]
 
 
-def start(store: Store, bid: int, sid: int, index: int, kind: str = "inference") -> int:
-    return store.start_step(batch_id=bid, sample_id=sid, index=index, kind=kind, enqueued_at=1.0,
-                            request={"n": index}, worker="w0")
+def attempt(bid: int, sid: int, index: int, number: int = 1, kind: str = "inference") -> StepAttempt:
+    return StepAttempt(batch_id=bid, sample=sid, index=index, attempt=number, kind=kind, enqueued_at=1.0,
+                       started_at=2.0, worker="w0", request={"n": index})
 
 
 def test_batch_and_samples(store: Store) -> None:
@@ -23,7 +26,7 @@ def test_batch_and_samples(store: Store) -> None:
     batch = store.get_batch(bid)
     assert batch.config == {"k": [1, 2]} and batch.status == "pending"
     assert [s.task_id for s in store.samples(bid)] == ["t1", "t2", "t3"]
-    store.admit_sample(sids[0])
+    commit_writes(store, [sample_update(sids[0], {"status": SampleStatus.RUNNING, "admitted_at": 5.0})])
     store.finish_sample(sids[1], score=None, result=None, error="boom")
     assert store.status_counts(bid) == {"running": 1, "failed": 1, "pending": 1}
     assert [s.task_id for s in store.samples(bid, statuses=[SampleStatus.PENDING])] == ["t3"]
@@ -31,46 +34,54 @@ def test_batch_and_samples(store: Store) -> None:
 
 def test_step_completion_advances_sample(store: Store) -> None:
     bid, sids = new_batch(store)
-    step = start(store, bid, sids[0], 0)
-    store.complete_step(step, StepOutcome(response={"message": {"role": "assistant"}}, prompt_tokens=10,
-                                          cached_prompt_tokens=4, output_tokens=3, worker="w1"))
+    step = attempt(bid, sids[0], 0)
+    commit_writes(store, [step.begun(), step.completed(
+        StepOutcome(response={"message": {"role": "assistant"}}, prompt_tokens=10, cached_prompt_tokens=4,
+                    output_tokens=3, worker="w1"), steps_done=1)])
     [done] = store.completed_steps(sids[0])
     assert (done.prompt_tokens, done.cached_prompt_tokens, done.output_tokens) == (10, 4, 3)
+    assert (done.worker, done.request, done.attempt) == ("w1", {"n": 0}, 1)
     sample = store.samples(bid)[0]
     assert sample.steps_done == 1 and sample.last_worker == "w1"
-    with pytest.raises(RuntimeError):
-        store.complete_step(step, StepOutcome(response={}))  # completed once only
+    with pytest.raises(Exception):  # noqa: B017 - one completed attempt per step (unique index), any driver
+        commit_writes(store, [attempt(bid, sids[0], 0, 2).completed(StepOutcome(response={}), steps_done=1)])
 
 
 def test_completion_is_atomic(store: Store) -> None:
     """If the completing transaction fails, neither the step nor the sample changes."""
     bid, sids = new_batch(store)
-    step = start(store, bid, sids[0], 0)
+    step = attempt(bid, sids[0], 0)
     with pytest.raises(Exception):  # noqa: B017 - the driver's error type differs per database
-        store.complete_step(step, StepOutcome(response={"not json": object()}))
+        commit_writes(store, [step.completed(StepOutcome(response={"not json": object()}), steps_done=1)])
     assert store.completed_steps(sids[0]) == []
     assert store.samples(bid)[0].steps_done == 0
-    assert [s.status for s in store.steps(bid)] == [StepStatus.RUNNING]
+    assert store.steps(bid) == []
 
 
 def test_attempts_and_abandon(store: Store) -> None:
+    """Failed attempts stay as history; an attempt whose process died (its `running` row) is marked
+    abandoned, and the next attempt is numbered after every earlier one."""
     bid, sids = new_batch(store)
-    first = start(store, bid, sids[0], 0)
-    store.fail_step(first, "engine down")
-    second = start(store, bid, sids[0], 0)
-    third = start(store, bid, sids[1], 0)
+    first, second, other = attempt(bid, sids[0], 0), attempt(bid, sids[0], 0, 2), attempt(bid, sids[1], 0)
+    # committed begins (as an external environment's step is) stand for attempts still running
+    commit_writes(store, [first.begun(), first.failed("engine down"), second.begun({"in_flight_step": 0}),
+                          other.begun({"in_flight_step": 0})])
     assert store.abandon_running(bid) == 2
-    retry = start(store, bid, sids[0], 0)
-    attempts = [(s.id, s.attempt, s.status) for s in store.steps(bid) if s.sample_id == sids[0]]
-    assert attempts == [(first, 1, "failed"), (second, 2, "abandoned"), (retry, 3, "running")]
-    assert [s.status for s in store.steps(bid) if s.id == third] == ["abandoned"]
+    assert store.step_history(sids[0]).attempts == {0: 2}
+    third = attempt(bid, sids[0], 0, store.step_history(sids[0]).attempts[0] + 1)
+    commit_writes(store, [third.begun({"in_flight_step": 0})])
+    attempts = [(s.attempt, s.status) for s in store.steps(bid) if s.sample_id == sids[0]]
+    assert attempts == [(1, "failed"), (2, "abandoned"), (3, "running")]
+    assert [s.status for s in store.steps(bid) if s.sample_id == sids[1]] == [StepStatus.ABANDONED]
 
 
 def test_prior_chain_lengths_from_earlier_batches(store: Store) -> None:
     old, old_sids = new_batch(store)
+    writes = []
     for sid, steps in zip(old_sids, (4, 6), strict=False):
-        for i in range(steps):
-            store.complete_step(start(store, old, sid, i), StepOutcome(response={}))
+        writes += [attempt(old, sid, i).completed(StepOutcome(response={}), steps_done=i + 1) for i in range(steps)]
+    commit_writes(store, writes)
+    for sid in old_sids[:2]:
         store.finish_sample(sid, score=1.0, result={})
     new, _ = new_batch(store)
     assert store.prior_chain_lengths(["t1", "t2", "t3"], exclude_batch_id=new) == {"t1": 4.0, "t2": 6.0}

@@ -67,7 +67,7 @@ def gateway_samples() -> list[dict[str, Any]]:
         _step(0, "inference", 0, prompt=50, cached=0, output=10,
               request={"n_messages": 1, "priority": 0, "messages_from": 0, "messages": [USER]},
               response={"message": first, "finish_reason": "tool_calls", "id": "chatcmpl-1"}),
-        _step(1, "environment", 2, request={"tool": "add", "server": "calc", "arguments": {"a": 40, "b": 2}},
+        _step(1, "environment", 2, request={"calls": [{"name": "add", "server": "calc", "arguments": {"a": 40, "b": 2}}]},
               response={"messages": [{"role": "tool", "content": "42"}], "done": False}),
         _step(2, "inference", 4, prompt=80, cached=50, output=5,
               request={"n_messages": 4, "priority": 1, "messages_from": 1,

@@ -1,5 +1,7 @@
-"""The batched step writer on SQLite and PostgreSQL: group commits off the event loop, a write counts
-only once committed, one bad row fails only itself, a sample's updates keep their order."""
+"""The one step writer (db/writer.py) on SQLite and PostgreSQL: group commits off the event loop, a
+completion counts only once committed, an attempt written once when it ends quickly and as a
+`running` row (then updated) when it runs long, posted gateway writes with sample rows written in
+order, one bad row failing only itself, a sample's updates keeping their order."""
 
 from __future__ import annotations
 
@@ -9,8 +11,12 @@ import time
 from typing import Any
 
 import pytest
+from testkit import wait_until
 
+from agentbatch.dashboards.eta import estimate_eta
+from agentbatch.db import gateway_records
 from agentbatch.db.models import SampleStatus, StepStatus
+from agentbatch.db.step_records import SampleRef, StepAttempt, StepOutcome
 from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 
@@ -20,11 +26,16 @@ def new_batch(store: Store, n: int) -> tuple[int, list[int]]:
     return bid, [s.id for s in store.samples(bid)]
 
 
-def step_row(bid: int, sid: int, index: int, response: Any = None) -> dict[str, Any]:
+def attempt(bid: int, sid: Any, index: int, number: int = 1) -> StepAttempt:
     now = time.time()
-    return {"batch_id": bid, "sample_id": sid, "index": index, "kind": "inference" if index % 2 == 0 else
-            "environment", "status": StepStatus.COMPLETED, "attempt": 1, "enqueued_at": now, "started_at": now,
-            "finished_at": now, "worker": "w0", "response": response if response is not None else {"i": index}}
+    return StepAttempt(batch_id=bid, sample=sid, index=index, attempt=number,
+                       kind="inference" if index % 2 == 0 else "environment", enqueued_at=now, started_at=now,
+                       worker="w0", request={"i": index})
+
+
+def outcome(index: int, response: Any = None) -> StepOutcome:
+    tokens = {"prompt_tokens": 10, "output_tokens": 2} if index % 2 == 0 else {"tool_calls": 1}
+    return StepOutcome(response=response if response is not None else {"i": index}, worker="w0", **tokens)
 
 
 def test_concurrent_steps_commit_in_groups(store: Store) -> None:
@@ -32,10 +43,9 @@ def test_concurrent_steps_commit_in_groups(store: Store) -> None:
 
     async def sample(writer: StepWriter, sid: int) -> None:
         for index in range(6):  # a chain: each step waits for its own commit before the next
-            row = step_row(bid, sid, index)  # the two kinds carry different columns, as in a batch
-            row.update({"prompt_tokens": 10, "output_tokens": 2} if index % 2 == 0 else {"tool_calls": 1})
-            await writer.write_step(row, {"steps_done": index + 1,
-                                                                 "last_worker": "w0" if index % 2 == 0 else None})
+            step = attempt(bid, sid, index)
+            writer.record(step.begun())  # posted: costs the hot path a queue put
+            await writer.commit(step.completed(outcome(index), steps_done=index + 1))
 
     async def main() -> StepWriter:
         async with StepWriter(store) as writer:
@@ -45,11 +55,61 @@ def test_concurrent_steps_commit_in_groups(store: Store) -> None:
     writer = asyncio.run(main())
     steps = store.steps(bid)
     assert len(steps) == 300 and {(s.sample_id, s.index) for s in steps} == {(i, j) for i in sids for j in range(6)}
+    assert {s.status for s in steps} == {"completed"} and {s.request["i"] for s in steps} == set(range(6))
     assert all(s.steps_done == 6 and s.last_worker == "w0" for s in store.samples(bid))
-    assert writer.stats.rows == 300
+    assert writer.stats.folded + writer.stats.running_rows == 300  # every begin written once or folded
     assert writer.stats.groups < 300 and writer.stats.largest_group > 1  # many steps per transaction
     assert writer.stats.retried_groups == 0  # mixed rows commit as one group, not one by one
     assert {s.prompt_tokens for s in steps if s.index % 2 == 0} == {10}
+
+
+def test_a_long_step_is_a_running_row_while_it_runs(store: Store) -> None:
+    """An attempt still running `show_after_s` after it began gets its `running` row (so `status`
+    counts it in flight); its completion updates that row: one row per attempt either way."""
+    bid, sids = new_batch(store, 1)
+    long, short = attempt(bid, sids[0], 0), attempt(bid, sids[0], 1)
+
+    async def main() -> tuple[int, int, StepWriter]:
+        async with StepWriter(store, show_after_s=0.05) as writer:
+            writer.record(long.begun())
+            rows = await asyncio.to_thread(wait_until, lambda: store.steps(bid), 60, "the running row")
+            in_flight = estimate_eta(store, bid).steps_running
+            await writer.commit(long.completed(outcome(0), steps_done=1))
+            writer.record(short.begun())
+            await writer.commit(short.completed(outcome(1), steps_done=2))
+        return rows[0].id, in_flight, writer
+
+    running_id, in_flight, writer = asyncio.run(main())
+    assert in_flight == 1
+    first, second = store.steps(bid)
+    assert (first.id, first.status, first.request, first.prompt_tokens) == (running_id, "completed", {"i": 0}, 10)
+    assert second.status == "completed" and estimate_eta(store, bid).steps_running == 0
+    assert writer.stats.running_rows >= 1 and store.samples(bid)[0].steps_done == 2
+
+
+def test_posted_gateway_writes_refer_to_a_sample_row_written_in_order(store: Store) -> None:
+    """The gateway's way: a sample row appended by a job, then attempts of that sample that refer to it
+    before it is written (SampleRef), all posted (nothing awaited); closing commits everything."""
+    bid = store.create_batch("gw", {}, [])
+    ref = SampleRef()
+
+    async def main() -> None:
+        writer = StepWriter(store).start()
+        created = writer.submit(gateway_records.add_sample, ref, bid, "conversation-1")
+        writer.submit(gateway_records.admit_sample_at, ref, 100.0)
+        failed, retried = attempt(bid, ref, 0), attempt(bid, ref, 0, 2)
+        for write in (failed.begun(), failed.failed("w0: ConnectError"), retried.begun(),
+                      retried.completed(outcome(0), steps_done=1)):
+            writer.record(write)
+        await writer.aclose()
+        assert created.result() == ref.id
+
+    asyncio.run(main())
+    [sample] = store.samples(bid)
+    assert (sample.task_id, sample.status, sample.admitted_at, sample.steps_done) == ("conversation-1", "running",
+                                                                                       100.0, 1)
+    assert [(s.sample_id, s.attempt, s.status) for s in store.steps(bid)] == [(sample.id, 1, "failed"),
+                                                                             (sample.id, 2, "completed")]
 
 
 def test_bad_row_fails_only_its_writer(store: Store) -> None:
@@ -58,9 +118,9 @@ def test_bad_row_fails_only_its_writer(store: Store) -> None:
     async def main() -> list[BaseException | None]:
         async with StepWriter(store) as writer:
             results = await asyncio.gather(
-                writer.write_step(step_row(bid, sids[0], 0), {"steps_done": 1}),
-                writer.write_step(step_row(bid, sids[1], 0, response={"x": object()}), {"steps_done": 1}),
-                writer.write_step(step_row(bid, sids[2], 0), {"steps_done": 1}),
+                writer.commit(attempt(bid, sids[0], 0).completed(outcome(0), steps_done=1)),
+                writer.commit(attempt(bid, sids[1], 0).completed(outcome(0, {"x": object()}), steps_done=1)),
+                writer.commit(attempt(bid, sids[2], 0).completed(outcome(0), steps_done=1)),
                 return_exceptions=True,
             )
         return list(results)
@@ -99,7 +159,7 @@ def test_writes_wait_off_the_event_loop_until_committed(tmp_path) -> None:
     async def main() -> tuple[bool, int, int]:
         async with StepWriter(store) as writer:
             blocker.execute("BEGIN IMMEDIATE")  # hold the write lock
-            write = asyncio.ensure_future(writer.write_step(step_row(bid, sids[0], 0), {"steps_done": 1}))
+            write = asyncio.ensure_future(writer.commit(attempt(bid, sids[0], 0).completed(outcome(0), steps_done=1)))
             ticks = 0
             for _ in range(20):  # the loop runs while the writer thread waits for the lock
                 await asyncio.sleep(0.01)
@@ -113,7 +173,7 @@ def test_writes_wait_off_the_event_loop_until_committed(tmp_path) -> None:
     done_while_locked, ticks, visible = asyncio.run(main())
     blocker.close()
     assert not done_while_locked and ticks == 20 and visible == 0
-    assert [s.status for s in store.steps(bid)] == ["completed"]
+    assert [s.status for s in store.steps(bid)] == [StepStatus.COMPLETED]
     store.close()
 
 
@@ -123,5 +183,6 @@ def test_closed_writer_refuses(store: Store) -> None:
         await writer.aclose()
         with pytest.raises(RuntimeError, match="not running"):
             await writer.update_sample(1, {"status": "running"})
+        writer.record(attempt(1, 1, 0).cancelled())  # posted after close (a late cancellation): dropped
 
     asyncio.run(main())

@@ -10,10 +10,9 @@ import random
 
 import pandas as pd
 import pytest
-from sqlalchemy import update
+from testkit import commit_writes
 
-from agentbatch.db.models import Step
-from agentbatch.db.store import StepOutcome
+from agentbatch.db.step_records import StepAttempt, StepOutcome
 from agentbatch.flows.cli import main
 from agentbatch.sim import SimRequest, get_profile
 from agentbatch.sim.calibrate import fit_cost_model, timings_from_records
@@ -157,33 +156,15 @@ def test_calibrate_command_from_a_batch_in_the_store(store, tmp_path, capsys):
     records = _measured(n=50, seed=3, workers=2)
     batch = store.create_batch("measured", {}, [(f"t{i}", {}) for i in range(len(records))])
     samples = store.samples(batch)
-    ids = []
-    for sample, r in zip(samples, records, strict=True):
-        step = store.start_step(
-            batch_id=batch,
-            sample_id=sample.id,
-            index=0,
-            kind="inference",
-            enqueued_at=r["started_at"],
-            request=None,
-        )
-        fields = (
-            "prompt_tokens",
-            "cached_prompt_tokens",
-            "output_tokens",
-            "prefill_s",
-            "decode_s",
-            "engine_queue_s",
-        )
-        store.complete_step(step, StepOutcome(response={}, worker=r["worker"], **{k: r[k] for k in fields}))
-        ids.append((step, r))
-    with store.session() as s, s.begin():  # the recorded wall-clock times of the measured run
-        for step, r in ids:
-            s.execute(
-                update(Step)
-                .where(Step.id == step)
-                .values(started_at=r["started_at"], finished_at=r["finished_at"])
-            )
+    fields = ("prompt_tokens", "cached_prompt_tokens", "output_tokens", "prefill_s", "decode_s", "engine_queue_s")
+    writes = [
+        StepAttempt(batch_id=batch, sample=sample.id, index=0, attempt=1, kind="inference",
+                    enqueued_at=r["started_at"], started_at=r["started_at"]).completed(
+            StepOutcome(response={}, worker=r["worker"], **{k: r[k] for k in fields}), steps_done=1,
+            finished_at=r["finished_at"])
+        for sample, r in zip(samples, records, strict=True)
+    ]
+    commit_writes(store, writes)
     out = tmp_path / "fitted.json"
     rc = main(
         ["calibrate", "--batch", str(batch), "--db", store.url, "--base", "llama3-8b-h100", "--out", str(out)]
