@@ -97,7 +97,8 @@ def test_fifty_bfcl_samples_through_the_gateway(sqlite_url, tmp_path):
     samples = {s.id: s for s in store.samples(batch_id)}
     assert sorted(s.task_id for s in samples.values()) == sorted(task_ids)  # identified by `user`
     steps = store.steps(batch_id)
-    assert {s.kind for s in steps} == {"inference"} and {s.status for s in steps} == {StepStatus.COMPLETED}
+    assert {s.kind for s in steps} == {"inference"} and {s.status for s in steps} == {StepStatus.COMPLETED}, [
+        (s.sample_id, s.index, s.attempt, s.error) for s in steps if s.status != "completed"]
     by_sample: dict[int, list] = defaultdict(list)
     for s in steps:
         by_sample[s.sample_id].append(s)
