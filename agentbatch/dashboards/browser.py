@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # Flags that keep a headless run offline, quiet and independent of any user profile.
 BASE_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -51,7 +52,7 @@ def render(page: Path, *, screenshot: Path | None = None, dump_dom: bool = False
     return Render(proc.returncode, proc.stdout if dump_dom else "", errors, proc.stderr)
 
 
-def screenshot(page: Path, out: Path, **kw: int) -> Path | None:
+def screenshot(page: Path, out: Path, **kw: Any) -> Path | None:
     """Screenshot of the page, or None when chromium is absent or fails (a report never needs it)."""
     if find_chromium() is None:
         return None

@@ -200,7 +200,7 @@ def _body(analyses: list[BatchAnalysis], summaries: list[BatchSummary], store: S
               "<h2>Critical samples (finished last) and what they waited on</h2>"]
     for a in analyses:
         table = _critical_table(a)
-        body = (sections.linked_table(table, f"critical-{a.data.key}", "sample", lambda sid, a=a: href(a, int(sid)))
+        body = (sections.linked_table(table, f"critical-{a.data.key}", "sample", sections.sample_href(href, a))
                 if href is not None and not table.empty else _table(table))
         parts.append(f"<h3>{html.escape(charts_html.label(a))}</h3>" + body)
     parts += [sections.failed_html(analyses, href), sections.scores_html(analyses), _samples_html(analyses),

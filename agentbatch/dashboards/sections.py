@@ -223,6 +223,11 @@ def linked_table(df: pd.DataFrame, table_id: str, column: str, href: Callable[[A
     return shown.to_html(classes="figures", escape=False, border=0, table_id=table_id, index=False)
 
 
+def sample_href(page: Callable[[BatchAnalysis, int], str], a: BatchAnalysis) -> Callable[[Any], str]:
+    """The link of a sample id cell of batch `a` (for `linked_table`)."""
+    return lambda sid: page(a, int(sid))
+
+
 def failed_html(analyses: list[BatchAnalysis], page: Callable[[BatchAnalysis, int], str] | None = None) -> str:
     """The failed samples of each batch; with `page`, each sample id links to its transcript page."""
     parts = []
@@ -234,7 +239,7 @@ def failed_html(analyses: list[BatchAnalysis], page: Callable[[BatchAnalysis, in
         elif page is None:
             parts.append(head + _table(df, f"failed-{a.data.key}"))
         else:
-            parts.append(head + linked_table(df, f"failed-{a.data.key}", "sample", lambda sid, a=a: page(a, int(sid))))
+            parts.append(head + linked_table(df, f"failed-{a.data.key}", "sample", sample_href(page, a)))
     return _section("failed-samples", "Failed samples and why", "".join(parts))
 
 

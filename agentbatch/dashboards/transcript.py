@@ -20,7 +20,7 @@ it is read too.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,7 +127,8 @@ def _json(value: Any) -> str:
 def _tool_call(raw: Any) -> ToolCall:
     if not isinstance(raw, dict):
         return ToolCall(name="?", arguments=_json(raw))
-    fn = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+    function = raw.get("function")
+    fn = function if isinstance(function, dict) else raw
     return ToolCall(name=str(fn.get("name", "?")), arguments=_json(fn.get("arguments", "")),
                     call_id=str(raw.get("id") or ""))
 
@@ -168,7 +169,7 @@ def _drop_repeats(inputs: list[Message], seen: list[Message]) -> list[Message]:
 def step_view(row: Any, seen: list[Message]) -> StepView:
     """A step row (ORM object or mapping with the steps columns) as a StepView; `seen` holds the
     messages shown so far in this transcript and is extended."""
-    get = row.get if isinstance(row, dict) else lambda k: getattr(row, k)
+    get: Callable[[str], Any] = row.get if isinstance(row, dict) else lambda k: getattr(row, k)
     inputs, outputs, call = step_messages(get("kind"), get("request"), get("response"))
     request = get("request") if isinstance(get("request"), dict) else {}
     if request.get("messages_from"):  # a gateway request after the first: only what is new

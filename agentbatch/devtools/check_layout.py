@@ -23,6 +23,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from radon.complexity import cc_visit_ast
 
@@ -278,7 +279,7 @@ def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef
             yield node
 
 
-def _radon_blocks(tree: ast.Module) -> Iterator[object]:
+def _radon_blocks(tree: ast.Module) -> Iterator[Any]:  # radon's Function and Class blocks
     for block in cc_visit_ast(tree):
         todo = [block]
         while todo:

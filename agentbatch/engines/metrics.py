@@ -236,10 +236,10 @@ class MetricsScraper:
         self.rounds += 1
         if self.store is not None and self.batch_id is not None:
             # The store is synchronous: keep its I/O off the event loop.
-            await asyncio.to_thread(self._record, snaps)
+            await asyncio.to_thread(self._record, self.store, self.batch_id, snaps)
         return {m.name: m for m in snaps}
 
-    def _record(self, snaps: Iterable[WorkerMetrics]) -> None:
+    def _record(self, store: Any, batch_id: int, snaps: Iterable[WorkerMetrics]) -> None:
         from agentbatch.db.metrics_models import insert_worker_metrics
 
         snaps = list(snaps)
@@ -247,9 +247,9 @@ class MetricsScraper:
             data = m.to_dict()
             if m.name in self.baseline:
                 data["batch_delta"] = self.latest[m.name].delta(self.baseline[m.name]).to_dict()
-            self.store.upsert_worker(self.batch_id, m.name, "engine", endpoint=m.url, metrics=data)
+            store.upsert_worker(batch_id, m.name, "engine", endpoint=m.url, metrics=data)
         if self.record_series:
-            insert_worker_metrics(self.store, self.batch_id, [m for m in snaps if m.ok])
+            insert_worker_metrics(store, batch_id, [m for m in snaps if m.ok])
 
     def fill_loads(self, loads: Iterable[WorkerLoad]) -> list[WorkerLoad]:
         return [fill_load(w, self.latest.get(w.name)) for w in loads]

@@ -209,7 +209,7 @@ def _cpu_sets(count: int) -> list[str | None]:
     if count <= 1 or len(cpus) < count:
         return [None] * count
     per = len(cpus) // count
-    sets = []
+    sets: list[str | None] = []
     for i in range(count):
         chunk = cpus[i * per:(i + 1) * per]
         sets.append(f"{chunk[0]}-{chunk[-1]}" if len(chunk) > 1 else str(chunk[0]))

@@ -208,8 +208,9 @@ class DockerEnvironment:
     async def _replay(self, assistants: list[Message]) -> None:
         for assistant in assistants:
             for _, name, args, error in tool_calls_of(assistant):
-                if name == "bash" and not error and isinstance((args or {}).get("command"), str):
-                    await self.exec(args["command"])
+                command = (args or {}).get("command")
+                if name == "bash" and not error and isinstance(command, str):
+                    await self.exec(command)
 
     async def _fresh_sandbox(self) -> None:
         if self.sandbox is None:

@@ -421,7 +421,9 @@ def parse_call(text: str, signatures: dict[str, inspect.Signature] | None = None
     func = node.func
     name = func.id if isinstance(func, ast.Name) else ast.unparse(func)
     args = [ast.literal_eval(a) for a in node.args]
-    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    if any(kw.arg is None for kw in node.keywords):
+        raise ValueError(f"'**' arguments are not supported: {text!r}")
+    kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg is not None}
     if args:
         if not signatures or name not in signatures:
             raise ValueError(f"positional arguments but no signature for {name!r}: {text!r}")

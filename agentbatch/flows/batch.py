@@ -124,7 +124,8 @@ def build_coordinator(config: BatchConfig, workers: list[str], *, record: bool =
     core = registry.build_core(
         limits, workers, record=record, admission_control=s.admission_control,
         # Policies resolved as plugins (registered names, entry points, "module:Class"), params checked.
-        **{k: config.policy(k) for k in ("env_queue", "inference_queue", "router", "priority")},
+        env_queue=config.policy("env_queue"), inference_queue=config.policy("inference_queue"),
+        router=config.policy("router"), priority=config.policy("priority"),
     )  # fmt: skip
     return Coordinator(core, clock=time.time)
 
@@ -311,7 +312,7 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
 
 
 async def execute_batch(store: Store, batch_id: int, *, workload: EnvironmentFactory | None = None,
-                        use_prefect: bool = True, show_progress: bool | None = None, report_dir: Path | None = None,
+                        use_prefect: bool = True, show_progress: bool | str | None = None, report_dir: Path | None = None,
                         fail_on_error: str | None = None, claim_limit: int | None = None) -> BatchOutcome:
     """Run the pending and interrupted samples of a batch that no other process drives (sample
     leases). `workload`: the one the run's launcher built (and closes); else one is built here. With
@@ -353,7 +354,7 @@ def batch_flow(store: Store, workload: EnvironmentFactory | None = None) -> Flow
 
     @flow(name="agentbatch-batch", task_runner=CoordinatedTaskRunner(), validate_parameters=False,
           persist_result=False, log_prints=False)
-    async def agentbatch_batch(batch_id: int, db_url: str, show_progress: bool | None = None,
+    async def agentbatch_batch(batch_id: int, db_url: str, show_progress: bool | str | None = None,
                                report_dir: str | None = None, fail_on_error: str | None = None) -> dict[str, Any]:
         outcome = await execute_batch(store, batch_id, workload=workload, show_progress=show_progress,
                                       report_dir=Path(report_dir) if report_dir else None,
@@ -392,7 +393,7 @@ def run_flow(store: Store, batch_id: int, *, workload: EnvironmentFactory | None
                                     report_dir=report_dir, fail_on_error=fail_on_error))
 
 
-def run_batch(config: BatchConfig, store: Store, *, show_progress: bool | None = None) -> int:
+def run_batch(config: BatchConfig, store: Store, *, show_progress: bool | str | None = None) -> int:
     """Create a batch from a config and run it through the Prefect flow; returns the batch id."""
     plan = plan_batch(config)
     batch_id = create_batch(plan, store)

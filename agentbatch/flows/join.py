@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+from uuid import UUID
 
 from prefect import flow
 
@@ -40,7 +41,7 @@ def unfinished(store: Store, batch_id: int) -> int:
     return counts.get("pending", 0) + counts.get("running", 0)
 
 
-async def work(store: Store, batch_id: int, chunk: int, poll_s: float, show_progress: bool | None) -> dict[str, Any]:
+async def work(store: Store, batch_id: int, chunk: int, poll_s: float, show_progress: bool | str | None) -> dict[str, Any]:
     """Claim, run, repeat; wait while others hold the rest (their leases may still expire). The
     workload is built once for all the chunks this worker runs."""
     chunks = samples = 0
@@ -73,7 +74,7 @@ def worker_variables(stored_config: dict[str, Any], db_param: str) -> list[str]:
 @flow(name=FLOW_NAME, task_runner=CoordinatedTaskRunner(), validate_parameters=False, persist_result=False,
       log_prints=False)
 async def join_flow(batch_id: int, db_url: str, chunk: int, poll_s: float,
-                    show_progress: bool | None = None) -> dict[str, Any]:
+                    show_progress: bool | str | None = None) -> dict[str, Any]:
     """One worker of a batch: claim up to `chunk` unfinished samples, run them, repeat until the
     batch is finished (see the module doc)."""
     install_log_redaction()  # also where a work pool's worker runs it
@@ -117,16 +118,18 @@ def deploy_join(spec: JoinDeployment) -> Deployed:
     """Register (or update) the batch's deployment of `join_flow` on the pool, and create
     `spec.workers` flow runs of it (scheduled now; the pool's workers pick them up)."""
     from prefect import get_client
+    from prefect.deployments.runner import RunnerDeployment
     from prefect.types.entrypoint import EntrypointType
 
     tags = batch_tags(spec.db_url, spec.batch_id)
-    deployment = join_flow.to_deployment(
+    # Called from sync code: Prefect's async_dispatch methods return their value, not a coroutine.
+    deployment = cast(RunnerDeployment, join_flow.to_deployment(
         name=spec.name, parameters=spec.parameters(), work_pool_name=spec.work_pool, tags=tags,
         entrypoint_type=EntrypointType.MODULE_PATH,
         description=f"agentbatch workers of batch {spec.batch_id} ({spec.batch_name}): each flow run claims "
         "unfinished samples under leases until the batch is finished",
-    )
-    deployment_id = deployment.apply()
+    ))
+    deployment_id = cast(UUID, deployment.apply())
     out = Deployed(deployment=f"{FLOW_NAME}/{spec.name}", deployment_id=str(deployment_id))
     base = flow_run_name(spec.batch_id, spec.batch_name)
     with get_client(sync_client=True) as client:

@@ -134,7 +134,8 @@ class _Reader:
     """Reads fields from a config dict and records what it read, for the reasoning table."""
 
     def __init__(self, cfg: Mapping[str, Any], source: str) -> None:
-        self.cfg, self.source, self.read = cfg, source, []
+        self.cfg, self.source = cfg, source
+        self.read: list[str] = []
 
     def has(self, *names: str) -> bool:
         return any(self.cfg.get(n) is not None for n in names)
@@ -695,7 +696,8 @@ def shape_from_config(
     """
     if not isinstance(cfg, Mapping):
         raise ConfigError(source, "<root>", f"expected a JSON object, got {type(cfg).__name__}")
-    cfg = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else cfg
+    text = cfg.get("text_config")
+    cfg = text if isinstance(text, Mapping) else cfg
     r = _Reader(cfg, source)
     family = _family(cfg, source)
     num_layers = _num_layers(r, family)

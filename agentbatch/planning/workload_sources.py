@@ -135,10 +135,9 @@ def workload_from_csv(path: Path, env_fraction: float | None = None) -> Workload
     column = _column_reader(path, rows)
     ctx = column("context_tokens")
     w = column("weight", 1.0)
-    has_env = "env_fraction" in rows[0] and env_fraction is None
-    if not has_env and env_fraction is None:
+    if env_fraction is None and "env_fraction" not in rows[0]:
         raise InputError(f"{path}: field 'env_fraction': missing; add the column or pass --env-fraction")
-    env = column("env_fraction") if has_env else []
+    env = column("env_fraction") if env_fraction is None else []
     prefix = sorted(column("shared_prefix", 0.0))
     peaks = column("peak_context", ctx)
     ids = {r.get("sample_id") for r in rows} if "sample_id" in rows[0] else None
@@ -149,7 +148,8 @@ def workload_from_csv(path: Path, env_fraction: float | None = None) -> Workload
     return Workload(
         contexts=tuple(ctx),
         weights=tuple(w),
-        env_fraction=sum(e * x for e, x in zip(env, w, strict=True)) / sum(w) if has_env else float(env_fraction),
+        env_fraction=sum(e * x for e, x in zip(env, w, strict=True)) / sum(w) if env_fraction is None
+        else float(env_fraction),
         shared_prefix=int(prefix[len(prefix) // 2]),
         peak_context=int(max(peaks)),
         num_samples=len(ids) if ids else None,

@@ -70,7 +70,7 @@ class RetryPolicy:
 
     def delay(self, retry: int) -> float:
         """Seconds before retry number `retry` (0-based)."""
-        return self.backoff_s * 2**retry
+        return self.backoff_s * 2.0**retry
 
     @staticmethod
     def retryable(exc: BaseException, call: Call) -> bool:

@@ -19,13 +19,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
-from prefect.futures import PrefectConcurrentFuture
+from prefect.futures import PrefectConcurrentFuture, PrefectFuture
 from prefect.utilities.annotations import quote
 
 from agentbatch.db.models import Sample, SampleStatus
@@ -39,6 +39,15 @@ from agentbatch.tasks.steps import SampleRun, execute_step
 log = logging.getLogger(__name__)
 
 _TASK_OPTIONS: dict[str, Any] = dict(cache_policy=NO_CACHE, persist_result=False, log_prints=False)
+
+
+T = TypeVar("T")
+
+
+def _opaque(value: T) -> T:
+    """`quote(value)`: Prefect hands the value to the task without walking it for futures (the
+    conversation, the batch's objects). Typed as the value itself, which is what the task receives."""
+    return cast(T, quote(value))
 
 
 def _task_run_id() -> str | None:
@@ -69,7 +78,8 @@ class ChainOutcome:
     status: SampleStatus | None = None
 
 
-async def _task_state(future: PrefectConcurrentFuture[Any]) -> State | Exception:
+async def _task_state(future: PrefectFuture[Any]) -> State | Exception:
+    assert isinstance(future, PrefectConcurrentFuture), "the batch flow's task runner is CoordinatedTaskRunner"
     try:
         return await asyncio.wrap_future(future.wrapped_future)
     except Exception as exc:  # noqa: BLE001 - Prefect raised around the task run (e.g. slot acquisition)
@@ -96,9 +106,9 @@ async def _settle(state: State | Exception, outcome: ChainOutcome, sample: Sampl
 async def prefect_step_executor(batch: BatchContext, run: SampleRun, ticket: StepTicket) -> None:
     """Steps mode: submit the step as a Prefect task run; the custom task runner gates it."""
     step_task = inference_task if ticket.kind == StepKind.INFERENCE else environment_task
-    # quote(): Prefect must not walk the conversation and the batch's objects looking for futures
+    # _opaque(): Prefect must not walk the conversation and the batch's objects looking for futures
     index = run.state.step_index
-    future = step_task.submit(ticket=ticket, run=quote(run), batch=quote(batch))
+    future = step_task.submit(ticket=ticket, run=_opaque(run), batch=_opaque(batch))
     state = await _task_state(future)
     if run.state.step_index != index:  # the step completed; a Prefect error after it does not matter
         return
@@ -140,8 +150,8 @@ async def run_sample_visible(batch: BatchContext, sample: Sample, progress: Samp
     flow gives the batch context a `StepEvents` hook, `step_events.py`)."""
     await batch.coordinator.admit(progress)
     outcome = ChainOutcome()
-    future = visible_chain_task.submit(sample=quote(sample), progress=progress, batch=quote(batch),
-                                       outcome=quote(outcome))
+    future = visible_chain_task.submit(sample=_opaque(sample), progress=progress, batch=_opaque(batch),
+                                       outcome=_opaque(outcome))
     state = await _task_state(future)
     return await _settle(state, outcome, sample,
                          lambda: run_sample(batch, sample, progress, direct_executor, admitted=True))

@@ -38,7 +38,7 @@ class Gate:
 
 _GATES: dict[Callable[..., Any], Gate] = {}  # task function -> its gate (with_options copies share it)
 
-TaskT = TypeVar("TaskT", bound=Task)  # type: ignore[type-arg]
+TaskT = TypeVar("TaskT", bound=Task)
 
 
 def gated(task: TaskT, gate: Gate = Gate()) -> TaskT:  # noqa: B008 - a frozen default
@@ -52,7 +52,7 @@ def gate_of(task: Task[Any, Any]) -> Gate | None:
     return _GATES.get(task.fn)
 
 
-class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
+class CoordinatedTaskRunner(TaskRunner[PrefectFuture[Any]]):
     def __init__(self, coordinator: Coordinator | None = None) -> None:
         super().__init__()
         self.coordinator = coordinator
@@ -66,7 +66,7 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
         """Attach the batch's coordinator (built inside the flow, once the config is known)."""
         self.coordinator = coordinator
 
-    def submit(  # type: ignore[override]
+    def submit(
         self,
         task: Task[Any, Any],
         parameters: dict[str, Any],
@@ -86,9 +86,11 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
 
         task_run_id = uuid.uuid4()
         gate = gate_of(task)
-        ticket = parameters[gate.ticket] if gate is not None else None
-        if gate is not None and not isinstance(ticket, StepTicket):
-            raise TypeError(f"gated task {task.name!r}: parameter {gate.ticket!r} must be a StepTicket")
+        ticket: StepTicket | None = None
+        if gate is not None:
+            ticket = parameters[gate.ticket]
+            if not isinstance(ticket, StepTicket):
+                raise TypeError(f"gated task {task.name!r}: parameter {gate.ticket!r} must be a StepTicket")
         coordinator = self.coordinator
         result: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -98,7 +100,7 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
                 await asyncio.gather(*(asyncio.wrap_future(f.wrapped_future) for f in upstream
                                        if isinstance(f, PrefectConcurrentFuture)))
             slot = None
-            if gate is not None and coordinator is not None:
+            if gate is not None and ticket is not None and coordinator is not None:
                 slot = await coordinator.acquire(ticket)
                 parameters[gate.slot] = slot
             state = None
@@ -109,7 +111,7 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
                 )
                 return state
             finally:
-                if slot is not None and coordinator is not None:  # progress only for a completed step
+                if slot is not None and ticket is not None and coordinator is not None:  # progress when completed
                     coordinator.release(ticket, slot, completed=state is not None and state.is_completed())
 
         def done(t: asyncio.Task[Any]) -> None:
@@ -117,7 +119,7 @@ class CoordinatedTaskRunner(TaskRunner[PrefectConcurrentFuture[Any]]):
             if t.cancelled():
                 result.set_exception(concurrent.futures.CancelledError())
             elif t.exception() is not None:
-                result.set_exception(t.exception())  # type: ignore[arg-type]
+                result.set_exception(t.exception())
             else:
                 result.set_result(t.result())
 

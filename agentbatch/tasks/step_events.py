@@ -71,7 +71,7 @@ class StepEvents:
         # Emit from the flow's context without any task run: Prefect's events worker would otherwise
         # relate every event to that task run.
         self._context = contextvars.copy_context()
-        self._context.run(TaskRunContext.__var__.set, None)  # type: ignore[attr-defined]
+        self._context.run(TaskRunContext.__var__.set, None)  # type: ignore[arg-type]  # deliberately no task run
         self._timer = asyncio.get_running_loop().create_task(self._tick(), name="agentbatch-step-events",
                                                              context=self._context)
 

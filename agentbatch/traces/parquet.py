@@ -135,7 +135,7 @@ def _step_from_row(cols: dict[str, list[Any]], i: int) -> TraceStep:
 
 def _header(table: pa.Table) -> dict[str, Any]:
     raw = (table.schema.metadata or {}).get(META_KEY)
-    header = json.loads(raw) if raw else {"version": TRACE_VERSION, "meta": {}}
+    header: dict[str, Any] = json.loads(raw) if raw else {"version": TRACE_VERSION, "meta": {}}
     if header.get("version", TRACE_VERSION) > TRACE_VERSION:
         raise ValueError(f"trace format version {header['version']} is newer than this agentbatch ({TRACE_VERSION})")
     return header

@@ -88,9 +88,9 @@ def main(args: argparse.Namespace) -> int:
     store = Store(args.db)
     try:
         row = store.get_batch(args.batch_id)
-        error = f"no batch {args.batch_id} in {shown_url(store.url)}" if row is None else stored_config_error(
-            row.config, args.batch_id)
-        if error:
+        if row is None:
+            return fail(f"no batch {args.batch_id} in {shown_url(store.url)}")
+        if error := stored_config_error(row.config, args.batch_id):
             return fail(error)
         if args.work_pool:
             return _deploy(args, store, row.name, row.config)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,7 @@ def _params(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def _unknown_policy(args: argparse.Namespace) -> str | None:
     from agentbatch.scheduling import registry
 
-    tables = {"router": registry.ROUTERS, "env_queue": registry.QUEUE_POLICIES,
+    tables: dict[str, Mapping[str, Any]] = {"router": registry.ROUTERS, "env_queue": registry.QUEUE_POLICIES,
               "inference_queue": registry.QUEUE_POLICIES, "priority": registry.PRIORITIES}  # fmt: skip
     for kind, table in tables.items():
         name = getattr(args, kind)
@@ -170,11 +171,13 @@ def _virtual(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int
     trace = read_trace(args.trace)
     if args.samples is not None:
         trace.samples = trace.samples[: args.samples]
+    spec = {k: PolicySpec(getattr(args, k), params[k]) for k in POLICY_KINDS}
     cfg = VirtualConfig(
         workers=args.workers, profile=args.profile, max_active=args.max_active, env_slots=args.env_slots,
         per_worker_inflight=args.per_worker_inflight, coupled=args.coupled, admission_order=args.admission_order,
         admission_control=args.admission_control, env_time_scale=args.time_scale, priors=_priors(args), inference=args.inference,
-        **{k: PolicySpec(getattr(args, k), params[k]) for k in POLICY_KINDS},
+        router=spec["router"], env_queue=spec["env_queue"], inference_queue=spec["inference_queue"],
+        priority=spec["priority"],
     )  # fmt: skip
     try:
         result = simulate(trace, cfg)

@@ -47,13 +47,14 @@ def mark_prefect_crashed(flow_run_id: str | None, message: str) -> str | None:
     if choose_api(start=False).url is None:
         return "Prefect flow run not updated: no Prefect server is running"
     import asyncio
+    from uuid import UUID
 
     from prefect.client.orchestration import get_client
     from prefect.states import Crashed
 
     async def mark() -> str:
         async with get_client() as client:
-            run = await client.read_flow_run(flow_run_id)
+            run = await client.read_flow_run(UUID(flow_run_id))
             if run.state is not None and run.state.is_final():
                 return f"Prefect flow run {run.name} is {run.state.name}"
             await client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
