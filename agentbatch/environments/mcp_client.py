@@ -124,13 +124,14 @@ class McpConnection:
             self._ready.set_result(None)
             await self._stop.wait()
 
-    async def call(self, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """One tool call. isError results and JSON-RPC errors of a live server come back as results
+    async def call(self, name: str, arguments: dict[str, Any], *,
+                   meta: dict[str, Any] | None = None) -> types.CallToolResult:
+        """One tool call (`meta`: the request's `_meta`, e.g. which sample calls). isError results and JSON-RPC errors of a live server come back as results
         (tool errors); a dead server, a broken transport or no answer raise `EnvironmentFailure`
         (`EnvironmentUnreachable` when the call was not sent: the server is not running)."""
         if not self.alive or self._loop is None:
             raise EnvironmentUnreachable(f"MCP server {self.spec.name!r} is not running")
-        fut = asyncio.run_coroutine_threadsafe(self._client.call_tool(name, arguments), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._client.call_tool(name, arguments, meta=meta), self._loop)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(fut), self.call_timeout_s + 5)
         except TimeoutError as exc:

@@ -84,6 +84,7 @@ class SampleRegistry:
         self.yield_min_s = yield_min_s
         self.yield_factor = yield_factor
         self.yields = 0  # admission slots given to waiting samples by idle ones
+        self.on_end: list[Callable[[GatewaySample], None]] = []  # called as each sample ends
         self.recorder = recorder
         self.batch_id = batch_id
         self.end_on_answer = end_on_answer
@@ -210,6 +211,8 @@ class SampleRegistry:
             sample.ends += 1
             self.ended += 1
             self.coordinator.finish(sample.progress)
+        for hook in self.on_end:
+            hook(sample)
         result = {"ended": end.reason, **(end.result or {})}
         self.recorder.submit(records.end_sample, sample.row, self.clock(), score=end.score, result=result,
                              error=end.error)

@@ -72,7 +72,11 @@ class Gateway:
                                     yield_min_s=self.settings.yield_min_s, yield_factor=self.settings.yield_factor),
             pool=WorkerPool(self.endpoints, self.settings.request_timeout_s),
         )
-        self.tools = ToolGateway(self.upstreams, self.state)
+        unknown = set(self.settings.per_sample_upstreams) - {u.name for u in self.upstreams}
+        if unknown:
+            raise ValueError(f"per-sample upstreams {sorted(unknown)} are not among the MCP upstreams "
+                             f"{[u.name for u in self.upstreams]}")
+        self.tools = ToolGateway(self.upstreams, self.state, per_sample=self.settings.per_sample_upstreams)
         self.on_stop: Callable[[], None] | None = None  # set by whoever runs the HTTP server
         self.opened = False
         self._sweeper: asyncio.Task[None] | None = None

@@ -40,6 +40,7 @@ class GatewaySettings:
     body_timeout_s: float = 60.0  # a request body that stalls this long is refused
     header_timeout_s: float = 30.0  # a connection without a whole request head this long is closed
     keep_alive_s: int = 75  # an idle keep-alive connection is closed after this long
+    per_sample_upstreams: tuple[str, ...] = ()  # upstream MCP servers with one session per sample
 
 
 @dataclass

@@ -14,7 +14,7 @@ isError result and a failed step per attempt.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import mcp_types as types
@@ -29,7 +29,7 @@ from agentbatch.environments.mcp_env import (
     open_toolset,
     reconnect_dead,
 )
-from agentbatch.gateway.identity import SampleIdError, tool_sample_key
+from agentbatch.gateway.identity import MCP_META_KEY, SampleIdError, tool_sample_key
 from agentbatch.gateway.state import GatewayState, acquire_step, release_step
 from agentbatch.protocols.retry import Call, Effects, StepFailed
 from agentbatch.scheduling.types import StepKind
@@ -40,12 +40,14 @@ def _error_result(text: str) -> types.CallToolResult:
 
 
 class ToolGateway:
-    def __init__(self, specs: Sequence[McpServerSpec], state: GatewayState) -> None:
+    def __init__(self, specs: Sequence[McpServerSpec], state: GatewayState, *, per_sample: Iterable[str] = ()) -> None:
         self.specs = list(specs)
         self.state = state
         self.toolset: Toolset | None = None
         self.tools: list[types.Tool] = []
         self._reconnecting = asyncio.Lock()
+        self.sessions = SampleSessions(set(per_sample), state.settings.call_timeout_s)
+        state.registry.on_end.append(lambda sample: self.sessions.end(sample.key))
 
     async def start(self) -> None:
         if not self.specs:
@@ -58,6 +60,7 @@ class ToolGateway:
         ]
 
     async def aclose(self) -> None:
+        await self.sessions.aclose()
         if self.toolset is not None:
             for conn in self.toolset.connections:
                 await conn.close()
@@ -99,7 +102,8 @@ class ToolGateway:
             record = environment_request(calls=[{"name": name, "server": conn.spec.name, "arguments": arguments}])
             held.begin(state, record)
             try:
-                out = await conn.call(upstream_name, arguments)
+                conn = await self.sessions.connection(key, conn)
+                out = await conn.call(upstream_name, arguments, meta={MCP_META_KEY: key})
             except BaseException as exc:
                 held.fail(state, f"{exc.__class__.__name__}: {exc}")
                 raise
@@ -133,6 +137,46 @@ class ToolGateway:
         async with self._reconnecting:
             if self.toolset is not None and not all(c.alive for c in self.toolset.connections):
                 self.toolset = await reconnect_dead(self.toolset, self.state.settings.call_timeout_s)
+
+
+class SampleSessions:
+    """Upstreams that keep state per session (opt-in by name) get one connection per sample: opened
+    on the sample's first call to that upstream, closed when the sample ends (a sample that runs
+    again after its end gets a fresh one). The others share one connection."""
+
+    def __init__(self, upstreams: set[str], call_timeout_s: float) -> None:
+        self.upstreams = upstreams
+        self.call_timeout_s = call_timeout_s
+        self.open: dict[tuple[str, str], McpConnection] = {}  # (sample, upstream) -> its connection
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def connection(self, key: str, shared: McpConnection) -> McpConnection:
+        """The connection sample `key` uses for `shared`'s upstream."""
+        if shared.spec.name not in self.upstreams:
+            return shared
+        slot = (key, shared.spec.name)
+        async with self._locks.setdefault(slot, asyncio.Lock()):
+            own = self.open.get(slot)
+            if own is None or not own.alive:
+                own = McpConnection(shared.spec, call_timeout_s=self.call_timeout_s)
+                await own.start()
+                self.open[slot] = own
+        return own
+
+    def end(self, key: str) -> None:
+        """The sample ended: close its connections (in the background)."""
+        for slot in [s for s in self.open if s[0] == key]:
+            self._locks.pop(slot, None)
+            task = asyncio.get_running_loop().create_task(self.open.pop(slot).close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def aclose(self) -> None:
+        for slot in list(self.open):
+            await self.open.pop(slot).close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def _outcome(result: types.CallToolResult, slot: str) -> StepOutcome:

@@ -44,6 +44,8 @@ def write_config(path: Path, data: dict) -> Path:
      ["--mcp", "no-equals-sign"], "--mcp"),
     ({"engine": {"kind": "openai", "params": {"endpoints": [{"base_url": "http://h/v1", "model": "m"}]}}},
      ["--port", "70000"], "--port"),
+    ({"engine": {"kind": "openai", "params": {"endpoints": [{"base_url": "http://h/v1", "model": "m"}]}}},
+     ["--mcp", "a=http://h/mcp", "--mcp-per-sample", "b"], "--mcp-per-sample: b not among"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, config, extra, expected):
     db = tmp_path / "store.sqlite"

@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import pytest
 from gateway_helpers import gateway_config, serve_gateway, sim_workers
 from mcp import Client
 from testkit import max_overlap
@@ -151,3 +152,48 @@ def test_a_tool_call_is_retried_only_when_it_cannot_have_reached_the_tool(sqlite
         attempts.setdefault(rows[st.sample_id], []).append((st.index, st.attempt, st.status))
     assert attempts["in-flight"] == [(0, 1, "failed")]
     assert attempts["unsent"] == [(0, 1, "failed"), (0, 2, "completed")]
+
+
+def _session_state(result) -> dict:
+    return json.loads(result.content[0].text)
+
+
+def test_per_sample_upstream_sessions_and_the_sample_in_meta(sqlite_url):
+    """`state` keeps one session per sample (its own server process here), `shared` one for all; both
+    are told the calling sample in `_meta`. A sample's session closes when the sample ends."""
+    from agentbatch.gateway.state import GatewaySettings
+
+    upstreams = [McpServerSpec(name=n, command=sys.executable,
+                               args=["-m", "agentbatch.environments.mcp_servers.probe_server"])
+                 for n in ("state", "shared")]
+    store = Store(sqlite_url)
+    settings = GatewaySettings(per_sample_upstreams=("state",), metrics_interval_s=0)
+    with sim_workers(1) as endpoints:
+        with serve_gateway(store, gateway_config(endpoints, env_slots=4), endpoints, upstreams=upstreams,
+                           settings=settings) as gw:
+
+            async def main() -> dict[str, list[dict]]:
+                out: dict[str, list[dict]] = {"A": [], "B": [], "shared": []}
+                async with Client(gw.base_url + "/mcp") as client:
+                    for key in ("A", "B", "A"):
+                        out[key].append(_session_state(await client.call_tool("state__session", {}, meta=meta(key))))
+                    for key in ("A", "B"):
+                        out["shared"].append(_session_state(
+                            await client.call_tool("shared__session", {}, meta=meta(key))))
+                    assert httpx.post(gw.base_url + "/v1/samples/A/finish").status_code == 200
+                    await wait_for(gw.base_url, lambda s: s["ended"] == 1)
+                    out["A"].append(_session_state(await client.call_tool("state__session", {}, meta=meta("A"))))
+                return out
+
+            seen = asyncio.run(main())
+            batch_id = gw.batch_id
+    a, b, shared = seen["A"], seen["B"], seen["shared"]
+    assert [(s["calls"], s["sample"]) for s in a] == [(1, "A"), (2, "A"), (1, "A")]  # a fresh session after the end
+    assert a[0]["pid"] == a[1]["pid"] != a[2]["pid"] and b[0]["pid"] not in (a[0]["pid"], a[2]["pid"])
+    assert [(s["calls"], s["sample"]) for s in b] == [(1, "B")]
+    assert shared[0]["pid"] == shared[1]["pid"] and [s["sample"] for s in shared] == ["A", "B"]
+    assert shared[1]["calls"] == shared[0]["calls"] + 1
+    assert all(s.status == "completed" for s in store.steps(batch_id))
+    for pid in {a[0]["pid"], a[2]["pid"], b[0]["pid"]}:  # every per-sample session closed, its process gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

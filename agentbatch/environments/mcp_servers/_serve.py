@@ -12,7 +12,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-CallFn = Callable[[str, dict[str, Any]], Awaitable[types.CallToolResult]]
+CallFn = Callable[..., Awaitable[types.CallToolResult]]  # (name, arguments[, meta])
 
 
 def text_result(value: Any, *, is_error: bool = False) -> types.CallToolResult:
@@ -20,11 +20,15 @@ def text_result(value: Any, *, is_error: bool = False) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error)
 
 
-def build_server(name: str, tools: list[types.Tool], call: CallFn) -> Server:
+def build_server(name: str, tools: list[types.Tool], call: CallFn, *, with_meta: bool = False) -> Server:
+    """`with_meta`: `call` also gets the request's `_meta`."""
+
     async def on_list_tools(ctx, params) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
 
     async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if with_meta:
+            return await call(params.name, dict(params.arguments or {}), params.meta)
         return await call(params.name, dict(params.arguments or {}))
 
     return Server(name, on_list_tools=on_list_tools, on_call_tool=on_call_tool)

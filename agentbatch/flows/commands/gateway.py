@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mcp", action="append", default=[], metavar="NAME=URL|NAME=COMMAND",
                    help="an upstream MCP server for the tool gateway: a streamable-HTTP URL or a command "
                    "started over stdio (repeatable)")
+    p.add_argument("--mcp-per-sample", action="append", default=[], metavar="NAME",
+                   help="the --mcp server NAME keeps state per session: each sample gets its own session "
+                   "(opened on its first call, closed when it ends) instead of one shared (repeatable)")
     p.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
                    help="an admitted sample without a request or tool call for S seconds ends")
     p.add_argument("--no-end-on-answer", action="store_true",
@@ -75,6 +78,8 @@ def _check(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any]] | str:
         upstreams = [parse_upstream(text) for text in args.mcp]
     except (ValueError, OSError) as exc:
         return f"{args.config}: {exc}" if "--mcp" not in str(exc) else str(exc)
+    if unknown := sorted(set(args.mcp_per_sample) - {u.name for u in upstreams}):
+        return f"--mcp-per-sample: {', '.join(unknown)} not among the --mcp servers {[u.name for u in upstreams]}"
     if not 0 < args.port < 65536:
         return f"--port: expected 1..65535, got {args.port}"
     if args.idle_timeout <= 0:
@@ -91,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
     options = {"host": args.host, "port": args.port, "expect": args.expect,
                "report": str(args.report) if args.report else None, "progress": not args.no_progress,
                "idle_timeout": args.idle_timeout, "end_on_answer": not args.no_end_on_answer,
-               "allow_host": list(args.allow_host)}
+               "allow_host": list(args.allow_host), "mcp_per_sample": list(args.mcp_per_sample)}
     # The same Prefect server and secret handling as `run` (flows/launch.py); no server without Prefect.
     api = start_prefect(start_server=not args.no_prefect)
     if not args.no_prefect and (problem := ready_prefect(api, quiet=True)):
@@ -140,7 +145,8 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
                       settings=GatewaySettings(idle_timeout_s=options["idle_timeout"],
                                                end_on_answer=options["end_on_answer"],
                                                retry=config.retries.policy(), bind_host=options["host"],
-                                               allowed_hosts=tuple(options.get("allow_host") or ())))
+                                               allowed_hosts=tuple(options.get("allow_host") or ()),
+                                               per_sample_upstreams=tuple(options.get("mcp_per_sample") or ())))
     server = uvicorn_server(gateway)
     watcher = asyncio.create_task(_watch(gateway, options))
     try:
