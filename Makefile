@@ -27,8 +27,12 @@ demo: $(STAMP)
 	mkdir -p runs
 	$(BIN)/agentbatch run examples/bfcl_demo.yaml --db sqlite:///runs/demo.sqlite --report runs/demo-report
 
+# The suite in TEST_WORKERS parallel pytest-xdist workers: most tests wait on subprocesses, servers
+# and I/O, so more workers than cores pay off (measured: docs/architecture.md). Tests that share an
+# expensive module fixture stay on one worker (xdist_group marks, --dist loadgroup).
+TEST_WORKERS ?= 4
 test: $(STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentbatch tests bench integrations

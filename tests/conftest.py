@@ -1,8 +1,10 @@
-"""Shared fixtures: a migrated store on SQLite (a temp file) and on PostgreSQL.
+"""Shared fixtures: a migrated store on SQLite (a temp file) and on PostgreSQL, one Prefect server for
+the run, and the CI=true rule (a skipped test fails the run).
 
 PostgreSQL comes from AGENTBATCH_TEST_PG_URL (`.ci/run` starts a local cluster and sets it); the role
 needs CREATEDB. Each test gets a database of its own, created empty and dropped afterwards, so
-parallel test runs do not disturb each other.
+parallel test runs (`make test` runs pytest-xdist workers) do not disturb each other. Helpers that
+several test folders use are in testkit.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Prefect artifacts created inside a real Prefect flow run (prefect_test_harness: a temporary
-Prefect server and database), read back through the Prefect client."""
+"""Prefect artifacts created inside a real Prefect flow run (the tests' Prefect server, the
+prefect_api fixture), read back through the Prefect client."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 from prefect.runtime import flow_run
-from prefect.testing.utilities import prefect_test_harness
 
 from agentbatch.dashboards.artifacts import (
     BatchProgressArtifact,
@@ -23,12 +22,6 @@ from agentbatch.dashboards.artifacts import (
 from agentbatch.db.store import Store
 
 
-@pytest.fixture(scope="module")
-def harness():
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.fixture
 def batch(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'agentbatch.sqlite'}")
@@ -38,7 +31,7 @@ def batch(tmp_path):
 
 
 async def _read(key: str, run_id: str):
-    """Artifacts of one key written by one flow run (the harness server lives for the whole module)."""
+    """Artifacts of one key written by one flow run (the server lives for the whole test run)."""
     async with get_client() as client:
         return await client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
@@ -49,7 +42,7 @@ async def _read_all():
         return await client.read_artifacts()
 
 
-def test_progress_and_summary_artifacts_in_a_flow_run(harness, batch, tmp_path):
+def test_progress_and_summary_artifacts_in_a_flow_run(prefect_api, batch, tmp_path):
     store, bid = batch
     report = tmp_path / "reports" / "index.html"
 
@@ -81,7 +74,7 @@ def test_progress_and_summary_artifacts_in_a_flow_run(harness, batch, tmp_path):
     assert report.resolve().as_uri() in md.data
 
 
-def test_throttle_sends_again_after_the_interval(harness, batch):
+def test_throttle_sends_again_after_the_interval(prefect_api, batch):
     store, bid = batch
 
     @flow
@@ -98,7 +91,7 @@ def test_throttle_sends_again_after_the_interval(harness, batch):
     assert float(art.data) == pytest.approx(50.0)
 
 
-def test_outside_a_flow_run_does_nothing(harness, batch):
+def test_outside_a_flow_run_does_nothing(prefect_api, batch):
     store, bid = batch
 
     async def outside() -> BatchProgressArtifact:

@@ -18,6 +18,7 @@ from agentbatch.db.store import Store
 CHROMIUM = find_chromium()
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.xdist_group("dashboards_browser"),  # one report for the module
     pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (run .ci/setup_chromium.sh)"),
 ]
 

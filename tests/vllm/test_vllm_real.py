@@ -38,7 +38,7 @@ from agentbatch.flows.launch import prepare_launch
 from agentbatch.protocols.engine import ChatRequest
 from agentbatch.traces.parquet import read_trace, write_trace
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.xdist_group("vllm_real")]  # one set of workers
 
 if reason := vllm_skip_reason():
     pytest.skip(reason, allow_module_level=True)
