@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from agentbatch.protocols.engine import EngineFailure
+from agentbatch.db.store import Store
+from agentbatch.engines.registry import make_engines
+from agentbatch.flows.batch import create_batch, execute_batch
+from agentbatch.flows.config import BatchConfig
+from agentbatch.protocols.engine import ChatRequest, ChatResult, EngineFailure
 from agentbatch.protocols.environment import EnvironmentFailure, EnvironmentUnreachable
 from agentbatch.protocols.retry import Call, Effects, RetryPolicy, StepFailed
 
@@ -78,3 +83,44 @@ def test_run_returns_the_first_success_and_stops_on_what_is_not_retried() -> Non
 def test_backoff_doubles() -> None:
     policy = RetryPolicy(backoff_s=0.5)
     assert [policy.delay(i) for i in range(4)] == [0.5, 1.0, 2.0, 4.0]
+
+
+class FlakyEngine:
+    """A plugin engine (not an HTTP client): its first request of each inference step raises the
+    protocol's EngineFailure, the next one is answered by the scripted engine it wraps."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.seen = inner, inner.name, set()
+
+    async def complete(self, request: ChatRequest) -> ChatResult:
+        key = (request.sample_id, request.step_index)
+        if key not in self.seen:
+            self.seen.add(key)
+            raise EngineFailure(f"{self.name}: overloaded")
+        return await self.inner.complete(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def build_flaky(params: dict[str, Any], workload: Any) -> list[FlakyEngine]:
+    return [FlakyEngine(e) for e in make_engines("scripted", params, workload)]
+
+
+def test_a_plugin_engine_failure_is_retried_by_the_runner_and_every_attempt_recorded(store: Store) -> None:
+    """The runner retries what the protocol says is retryable, whatever raised it: each inference step
+    has a failed attempt, then a completed one numbered after it, and every sample scores."""
+    config = BatchConfig.model_validate({
+        "name": "flaky", "workload": {"kind": "bfcl", "params": {"limit": 3, "seed": 3}},
+        "engine": {"kind": "test_batch_retry:build_flaky", "params": {"workers": 1}},
+        "retries": {"inference": 1, "environment": 0, "backoff_s": 0.0},
+    })
+    batch_id = create_batch(config, store)
+    asyncio.run(execute_batch(store, batch_id, use_prefect=False, show_progress=False))
+    assert {s.status for s in store.samples(batch_id)} == {"completed"}
+    inference: dict[tuple[int, int], list[tuple[int, str]]] = {}
+    for st in store.steps(batch_id):
+        if st.kind == "inference":
+            inference.setdefault((st.sample_id, st.index), []).append((st.attempt, st.status))
+    assert inference and all(attempts == [(1, "failed"), (2, "completed")] for attempts in inference.values())
+    assert all("EngineFailure: " in (st.error or "") for st in store.steps(batch_id) if st.status == "failed")
