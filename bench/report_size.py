@@ -7,20 +7,23 @@ tool call and its JSON arguments on each inference step, a 200-600 character obs
 environment step); 4 task groups; 5 % of the samples fail, with a failed step attempt retried
 before it. Per size it prints the time to write the report (HTML, transcripts, PNGs), the size of
 index.html, of the transcript pages together and of the whole folder, and two render times in
-headless Chromium (`--dump-dom`, no virtual time budget):
+headless Chromium (`--dump-dom`, no virtual time budget), each page after an empty one:
 
 - `open`: wall time of the Chromium process that loads index.html and dumps its DOM, minus the
   same for an empty page on the same run (the browser's own start-up);
+- `CPU`: the CPU seconds of all the browser's processes for the report, minus those for the
+  empty page: what the page itself costs, much less sensitive to the host's load than wall time;
 - `drawn`: the page's own clock (performance.now(), from navigation start) when its script has
   drawn every chart and the sample list (`data-drawn-ms` on <html>).
 
-    .venv/bin/python bench/report_size.py [--samples 60 2000 10000] [--repeat 3]
+    .venv/bin/python bench/report_size.py [--samples 60 2000 10000] [--repeat 3] [--dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -116,37 +119,55 @@ def build(store: Store, n: int, seed: int = 0) -> tuple[int, int]:
     return bid, len(flat)
 
 
-def _open_s(page: Path) -> tuple[float, int | None]:
-    t = time.perf_counter()
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _open_s(page: Path) -> tuple[float, float, int | None]:
+    """Wall and CPU seconds of the browser (all its processes) loading the page, and the page's clock."""
+    t, cpu = time.perf_counter(), _children_cpu()
     r = render(page, dump_dom=True, budget_ms=None, timeout_s=300)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, _children_cpu() - cpu
     if r.returncode != 0 or r.console_errors:
         raise RuntimeError(f"chromium failed on {page}: {r.console_errors or r.stderr[-500:]}")
     m = re.search(r'data-drawn-ms="(\d+)"', r.dom)
-    return wall, int(m.group(1)) if m else None
+    return wall, cpu, int(m.group(1)) if m else None
 
 
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _stored(tmp: Path, n: int) -> tuple[Store, int, int, float]:
+    """The synthetic store of n samples: built, or the one a previous run left in --dir."""
+    path = tmp / f"bench-{n}.sqlite"
+    fresh = not path.exists()
+    store = Store(f"sqlite:///{path}")
+    if fresh:
+        (bid, rows), t_build = _timed(lambda: build(store, n))
+        return store, bid, rows, t_build
+    with store.session() as s:
+        rows = s.query(Step).count()
+    return store, 1, rows, 0.0
+
+
 def measure(n: int, tmp: Path, empty: Path, repeat: int) -> None:
-    store = Store(f"sqlite:///{tmp / f'bench-{n}.sqlite'}")
-    (bid, rows), t_build = _timed(lambda: build(store, n))
+    store, bid, rows, t_build = _stored(tmp, n)
     out = tmp / f"report-{n}"
     page, t_write = _timed(lambda: write_report(store, [bid], out))
     store.close()
     index_mb, samples_mb, total_mb = page.stat().st_size / 1e6, _size(out / "samples") / 1e6, _size(out) / 1e6
     runs = []
     for _ in range(repeat):  # an empty page, then the report, one after the other: the same load
-        base, _ = _open_s(empty)
-        wall, drawn = _open_s(page)
-        runs.append((wall, base, drawn))
+        base, base_cpu, _ = _open_s(empty)
+        wall, cpu, drawn = _open_s(page)
+        runs.append((wall, base, cpu - base_cpu, drawn))
     print(f"{n:6d} samples, {rows:7d} step rows (stored in {t_build:.1f} s): report written in {t_write:6.1f} s; "
           f"index.html {index_mb:6.3f} MB, transcripts {samples_mb:7.1f} MB, folder {total_mb:7.1f} MB", flush=True)
-    for wall, base, drawn in runs:
+    for wall, base, cpu, drawn in runs:
         print(f"        open in Chromium {wall:5.2f} s (an empty page {base:5.2f} s, difference {wall - base:+5.2f} s); "
-              f"drawn by the page's clock at {drawn} ms", flush=True)
+              f"browser CPU beyond the empty page's {cpu:5.2f} s; drawn by the page's clock at {drawn} ms", flush=True)
 
 
 def _timed(fn: Any) -> tuple[Any, float]:
@@ -158,15 +179,19 @@ def _timed(fn: Any) -> tuple[Any, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, nargs="+", default=[60, 2000, 10000])
-    ap.add_argument("--repeat", type=int, default=3, help="render each page this many times (best shown)")
+    ap.add_argument("--repeat", type=int, default=3, help="render each page this many times")
+    ap.add_argument("--dir", type=Path, default=None,
+                    help="keep the stores and reports here (a store already there is reused; default: a temporary folder)")
     args = ap.parse_args()
     if find_chromium() is None:
         raise SystemExit("chromium not found (.ci/setup_chromium.sh installs it)")
     with tempfile.TemporaryDirectory() as tmp:
-        empty = Path(tmp) / "empty.html"
+        where = args.dir or Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        empty = where / "empty.html"
         empty.write_text("<!DOCTYPE html><html><body></body></html>")
         for n in args.samples:
-            measure(n, Path(tmp), empty, args.repeat)
+            measure(n, where, empty, args.repeat)
 
 
 if __name__ == "__main__":

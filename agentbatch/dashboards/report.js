@@ -167,11 +167,13 @@
   }
   var DRAW = { line: drawLine, bars: drawBars, gantt: drawGantt };
 
+  var WIDTH = null;  // one layout read for every chart: they share the page's width
   function drawChart(div, c) {
+    if (WIDTH === null) WIDTH = Math.max((div.clientWidth || 0) - 24, 600);
     div.textContent = "";
     h("div", div, c.title, "chart-title");
     var info = h("div", div, "\u00a0", "chart-hover");
-    var W = Math.max((div.clientWidth || 0) - 24, 600), H = c.height || 340;
+    var W = WIDTH, H = c.height || 340;
     c.series.forEach(function (s) { if (s.off === undefined) s.off = !!s.hidden; });
     var svg = el("svg", { viewBox: "0 0 " + W + " " + H, width: "100%", "class": "chart-svg", role: "img" }, div);
     var hover = DRAW[c.kind](svg, c, W, H);

@@ -156,14 +156,17 @@ def step_messages(kind: str, request: Any, response: Any) -> tuple[list[Message]
     return [], [message_of(m) for m in response.get("messages") or ()], call
 
 
+def _key(m: Message) -> tuple[str, str, tuple[ToolCall, ...]]:
+    return m.role, m.content, m.tool_calls
+
+
 def _drop_repeats(inputs: list[Message], seen: list[Message]) -> list[Message]:
-    """A gateway request starts with what the transcript shows already (the previous answer, the
-    tool results the MCP tool gateway recorded): show only what follows."""
-    known = {(m.role, m.content, m.tool_calls) for m in seen}
-    start = 0
-    while start < len(inputs) and (inputs[start].role, inputs[start].content, inputs[start].tool_calls) in known:
-        start += 1
-    return inputs[start:]
+    """A gateway request starts with the end of what the transcript shows already (the previous
+    answer, and the tool results the MCP tool gateway recorded): show only what follows it."""
+    for k in range(min(len(inputs), len(seen)), 0, -1):
+        if [_key(m) for m in inputs[:k]] == [_key(m) for m in seen[-k:]]:
+            return inputs[k:]
+    return inputs
 
 
 def step_view(row: Any, seen: list[Message]) -> StepView:

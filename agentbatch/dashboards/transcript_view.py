@@ -12,12 +12,12 @@ from __future__ import annotations
 import html
 import json
 import re
-from typing import Any
 
 from agentbatch.dashboards.transcript import Message, StepView, Transcript
 
 FOLD_CHARS = 2000  # longer texts are folded
 HTML_MAX_CHARS = 200_000  # a page shows at most this much of one message
+PREVIEW_CHARS = 160  # a folded text's summary line shows its start
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _PAGE_CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1100px; }
@@ -103,7 +103,9 @@ def _pre(text: str) -> str:
     body = f"<pre>{html.escape(shown + note)}</pre>"
     if len(text) <= FOLD_CHARS:
         return body
-    return f"<details><summary>{len(text)} characters (folded)</summary>{body}</details>"
+    preview = html.escape(text[:PREVIEW_CHARS].replace("\n", " "))
+    return (f"<details><summary>{len(text)} characters (folded): <code>{preview}</code> ...</summary>"
+            f"{body}</details>")
 
 
 def _call_html(name: str, arguments: str) -> str:
@@ -148,7 +150,3 @@ def to_html(t: Transcript, back: str = "../index.html") -> str:
 def page_name(batch_id: int, sample_id: int, tag: str = "") -> str:
     """The transcript page's path inside the report folder."""
     return f"samples/b{batch_id}{tag}-s{sample_id}.html"
-
-
-def summary_row(t: Transcript) -> dict[str, Any]:
-    return {"sample": t.sample_id, "index": t.index, "task": t.task_id, "status": t.status, "score": t.score}

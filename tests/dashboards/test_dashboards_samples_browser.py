@@ -88,6 +88,7 @@ def test_transcript_folds_long_observations(report):
         f"-s{failed_id}.html"))
     dom = render(ok_page, dump_dom=True).dom
     assert 'call get_weather({"city": "Paris"})' in html.unescape(dom)
-    assert re.search(r"<details><summary>\d+ characters \(folded\)</summary><pre>sunny, 21 C row", dom)
+    assert re.search(r"<details><summary>6012 characters \(folded\): <code>sunny, 21 C row row", dom)
+    assert re.search(r"</summary><pre>sunny, 21 C (row ){1500}</pre></details>", dom)  # all of it, unfolded
     assert "EnvironmentFailure: sandbox timed out" in dom  # the failed attempt, before its retry
     assert "tokens 6200 in (120 cached), 8 out" in dom

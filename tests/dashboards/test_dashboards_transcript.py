@@ -141,3 +141,54 @@ def test_real_batch_transcripts_match_its_steps(sqlite_url):
                 assert len([m for m in after.outputs if m.role == "tool"]) == len(calls)
         assert any(c.arguments.startswith("{") for c in t.tool_calls())
     store.close()
+
+
+def test_real_gateway_batch_transcripts(sqlite_url):
+    """Two BFCL samples driven by a plain openai-SDK harness through the inference gateway (two
+    simulated workers): each transcript shows the user turns, the tool calls with their arguments and
+    the tool results the harness sent back, each once, and the answers."""
+    import asyncio
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+    from gateway_helpers import (
+        MODEL,
+        BfclHarnessEnv,
+        gateway_config,
+        ground_truth_policy,
+        serve_gateway,
+        sim_workers,
+    )
+    from openai import AsyncOpenAI
+    from plain_openai_harness import run_sample
+
+    from agentbatch.environments.bfcl import BfclWorkload
+
+    workload = BfclWorkload(categories=["multi_turn_base"], limit=2, seed=7)
+    task_ids = [t.task_id for t in workload.tasks()]
+
+    async def drive(base_url: str) -> None:
+        client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
+        try:
+            await asyncio.gather(*(run_sample(client, MODEL, t, BfclHarnessEnv(t), ground_truth_policy(workload, t))
+                                   for t in task_ids))
+        finally:
+            await client.close()
+
+    store = Store(sqlite_url)
+    with sim_workers(2, time_scale=0.2) as endpoints:
+        config = gateway_config(endpoints, max_active_samples=2, per_worker_inflight=2)
+        with serve_gateway(store, config, endpoints) as gw:
+            asyncio.run(drive(gw.base_url + "/v1"))
+            bid = gw.batch_id
+    for t in iter_transcripts(store, bid):
+        assert t.task_id in task_ids and all(s.kind == "inference" for s in t.steps)
+        shown = [m for s in t.steps for m in s.inputs + s.outputs]
+        assert shown[0].role == "user" and shown[0].content
+        calls = [c for m in shown for c in m.tool_calls]
+        assert calls and all(c.arguments.startswith("{") for c in calls)
+        for before, after in zip(t.steps, t.steps[1:], strict=False):  # each call's result, once, in the next request
+            made = sum(len(m.tool_calls) for m in before.outputs)
+            assert sum(m.role == "tool" for m in after.inputs) == made
+        assert sum(m.role == "assistant" for m in shown) == len(t.steps)  # each answer once
+    store.close()
