@@ -78,13 +78,15 @@ class McpConnection:
         return self._ready.done() and not self._done.done() and not self._broken
 
     async def start(self) -> None:
+        """Connect and list the tools; `EnvironmentUnreachable` when the server cannot be reached (no
+        call was sent, so one that waits on this connection may be retried)."""
         self._thread = threading.Thread(target=self._run, name=f"mcp-{self.spec.name}", daemon=True)
         self._thread.start()
         try:
             await asyncio.wait_for(asyncio.wrap_future(self._ready), self.connect_timeout_s)
         except TimeoutError as exc:
             await self.close()
-            raise EnvironmentFailure(f"MCP server {self.spec.name!r}: no answer in {self.connect_timeout_s:g} s") from exc
+            raise EnvironmentUnreachable(f"MCP server {self.spec.name!r}: no answer in {self.connect_timeout_s:g} s") from exc
         except EnvironmentFailure:
             await self.close()
             raise
@@ -96,7 +98,7 @@ class McpConnection:
             loop.run_until_complete(self._main())
         except BaseException as exc:  # noqa: BLE001 - reported through the futures
             if not self._ready.done():
-                self._ready.set_exception(EnvironmentFailure(f"MCP server {self.spec.name!r}: {exc!r}"))
+                self._ready.set_exception(EnvironmentUnreachable(f"MCP server {self.spec.name!r}: {exc!r}"))
         finally:
             if not self._done.done():
                 self._done.set_result(None)
