@@ -15,10 +15,16 @@ that call on an MCP server (the probe server, over streamable HTTP) and sends th
   chain may end on a tool call rather than a final answer, which would leave the sample to the
   idle timeout).
 
+The inspect_ai row (`--harness inspect` or `both`, `gateway_inspect_row.py`) runs the same samples as
+an inspect_ai task: (a) inspect as a competent user sets it up (all samples at once, affinity by
+hash, one semaphore around the tools) and (b) the unchanged task through the gateways with the
+`agentbatch/<model>` provider of integrations/inspect_agentbatch; it checks that both produce the
+same trajectories and scores and prints the makespan ratio b/a.
+
 Fresh simulated workers (`serve-sim`, real time scaled by --time-scale) for each run, so neither
 finds the other's prefix cache. Prints the makespan of each and their ratio, measured in one run.
 
-    .venv/bin/python bench/gateway_makespan.py [--samples 100] [--time-scale 0.25]
+    .venv/bin/python bench/gateway_makespan.py [--samples 100] [--time-scale 0.25] [--harness both]
 """
 
 from __future__ import annotations
@@ -152,6 +158,54 @@ def run_mode(samples: list[TraceSample], args: argparse.Namespace, tmp: Path, vi
                                             "peaks": status.get("peaks")} if status else {})}
 
 
+def run_inspect_mode(samples: list[TraceSample], args: argparse.Namespace, tmp: Path, via_gateway: bool,
+                     caps: dict[str, Any]) -> tuple[float, Any, dict[str, Any]]:
+    """The inspect_ai task, direct or through the gateways; (makespan, eval log, what the gateway saw)."""
+    from gateway_inspect_row import replay_task, run_inspect
+
+    mode = tmp / ("inspect-gateway" if via_gateway else "inspect-direct")
+    mode.mkdir()
+    with contextlib.ExitStack() as stack:
+        workers = {f"w{i}": stack.enter_context(sim_worker(mode, f"w{i}", args.time_scale, args.profile))
+                   for i in range(caps["workers"])}
+        probe = stack.enter_context(probe_server(mode))
+        gw = None
+        if via_gateway:
+            scheduling = {"max_active_samples": caps["max_active"], "env_slots": caps["env_slots"],
+                          "per_worker_inflight": args.per_worker_inflight}
+            gw = stack.enter_context(gateway(mode, workers, scheduling, [f"probe={probe}"]))
+        task = replay_task(samples, args.env_scale, workers=None if gw else list(workers.values()),
+                           probe_url=None if gw else probe, env_slots=caps["env_slots"], epochs=args.epochs)
+        makespan, log = run_inspect(task, mode / "logs", gateway_url=gw, n_samples=len(samples) * args.epochs)
+        status = httpx.get(gw + "/v1/batch").json() if gw else {}
+    seen: dict[str, Any] = {}
+    if via_gateway:
+        from agentbatch.db.store import Store
+
+        store = Store(f"sqlite:///{mode / 'gateway.sqlite'}")
+        rows = store.samples(store.list_batches()[0].id)
+        seen = {"samples in the store": len(rows), "ended by inspect's finish": sum(
+            1 for r in rows if (r.result or {}).get("ended") == "finish"), "yielded": status.get("yielded")}
+    return makespan, log, seen
+
+
+def inspect_row(samples: list[TraceSample], args: argparse.Namespace, tmp: Path, caps: dict[str, Any]) -> None:
+    from gateway_inspect_row import trajectories
+
+    direct, d_log, _ = run_inspect_mode(samples, args, tmp, False, caps)
+    through, g_log, seen = run_inspect_mode(samples, args, tmp, True, caps)
+    a, b = trajectories(d_log), trajectories(g_log)
+    same = sum(1 for k in a if b.get(k) == a[k])
+    print(f"inspect_ai ({args.epochs} epoch(s), {len(a)} samples): identical trajectories and scores in {same} of "
+          f"{len(a)}; mean score direct {d_log.results.scores[0].metrics['mean'].value:.3f}, through the gateways "
+          f"{g_log.results.scores[0].metrics['mean'].value:.3f}; gateway {seen}")
+    print(f"inspect_ai direct (all samples at once, affinity by hash, tool semaphore): makespan {direct:7.1f} s")
+    print(f"inspect_ai through the gateways (agentbatch/<model>, /mcp):             makespan {through:7.1f} s")
+    print(f"inspect_ai makespan ratio gateways / direct (b/a): {through / direct:.3f}")
+    if same != len(a):
+        raise SystemExit("the two inspect runs differ in trajectories or scores")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=100)
@@ -162,6 +216,9 @@ def main() -> None:
     parser.add_argument("--env-scale", type=float, default=0.25, help="factor on recorded tool times")
     parser.add_argument("--per-worker-inflight", type=int, default=64)
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs and the store here (default: temp)")
+    parser.add_argument("--harness", choices=["loop", "inspect", "both"], default="both",
+                        help="the plain openai loop, the inspect_ai task, or both")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs of the inspect_ai task")
     args = parser.parse_args()
     caps = dict(get_family(args.family).capacities)
     load = os.getloadavg()
@@ -173,16 +230,19 @@ def main() -> None:
             tmp.mkdir(parents=True, exist_ok=False)
         path = write_trace(generate(args.family, args.samples, seed=args.seed), tmp / "recorded.parquet")
         samples = read_trace(path).samples
-        direct, d_info = run_mode(samples, args, tmp, False, caps)
-        through, g_info = run_mode(samples, args, tmp, True, caps)
-    steps = sum(len(s.steps) for s in samples)
-    print(f"recorded workload: {args.samples} samples of {args.family} (seed {args.seed}), {steps} steps; "
-          f"{caps['workers']} simulated workers ({args.profile}, time scale {args.time_scale}), tool times x "
-          f"{args.env_scale}, {caps['env_slots']} environment slots, gateway admission {caps['max_active']}")
+        steps = sum(len(s.steps) for s in samples)
+        print(f"recorded workload: {args.samples} samples of {args.family} (seed {args.seed}), {steps} steps; "
+              f"{caps['workers']} simulated workers ({args.profile}, time scale {args.time_scale}), tool times x "
+              f"{args.env_scale}, {caps['env_slots']} environment slots, gateway admission {caps['max_active']}")
+        if args.harness in ("loop", "both"):
+            direct, d_info = run_mode(samples, args, tmp, False, caps)
+            through, g_info = run_mode(samples, args, tmp, True, caps)
+            print(f"direct (affinity by hash, all admitted, FIFO tool semaphore): makespan {direct:7.1f} s   {d_info}")
+            print(f"through the gateways (agentbatch coordination):             makespan {through:7.1f} s   {g_info}")
+            print(f"makespan ratio gateways / direct: {through / direct:.3f}")
+        if args.harness in ("inspect", "both"):
+            inspect_row(samples, args, tmp, caps)
     print(f"machine: {os.cpu_count()} cores, load average before {load[0]:.2f} / after {os.getloadavg()[0]:.2f}")
-    print(f"direct (affinity by hash, all admitted, FIFO tool semaphore): makespan {direct:7.1f} s   {d_info}")
-    print(f"through the gateways (agentbatch coordination):             makespan {through:7.1f} s   {g_info}")
-    print(f"makespan ratio gateways / direct: {through / direct:.3f}")
 
 
 if __name__ == "__main__":
