@@ -20,6 +20,7 @@ import pandas as pd
 
 from agentbatch.dashboards.analytics import DONE_STATES
 from agentbatch.dashboards.frames import BatchData, history_steps_per_task, load_batch
+from agentbatch.db.leases import dead_drivers
 from agentbatch.db.store import Store
 
 
@@ -143,11 +144,13 @@ def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
     if done_mask.all():
         eta.remaining_steps, eta.remaining_s, eta.basis = 0.0, 0.0, "finished"
         return eta
-    if crashed(data.status, data.heartbeat_at, now):
+    dead = dead_drivers(store, batch_id, now) if data.status == "running" else []
+    if dead or crashed(data.status, data.heartbeat_at, now):
         eta.status = "crashed"
         eta.basis = "no ETA: the process running the batch stopped"
-        eta.notes.append(f"no heartbeat for {_dur(eta.heartbeat_age_s or 0.0)}: the process running the batch is "
-                         f"gone; continue with: agentbatch resume {batch_id}")
+        why = (f"the process running the batch ({', '.join(dead)}) no longer exists on this host" if dead
+               else f"no heartbeat for {_dur(eta.heartbeat_age_s or 0.0)}: the process running the batch is gone")
+        eta.notes.append(f"{why}; continue with: agentbatch resume {batch_id}")
         return eta
     remaining = _expected_remaining(store, data, eta)
     eta.remaining_steps = float(remaining.sum())

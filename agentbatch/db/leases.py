@@ -53,6 +53,18 @@ def owner_is_dead_here(owner: str) -> bool:
     return not _pid_alive(int(pid_text))
 
 
+def dead_drivers(store: Store, batch_id: int, now: float | None = None) -> list[str]:
+    """The processes holding unexpired leases on the batch's unfinished samples, when every one of them
+    is a process of this host that no longer exists (the batch has crashed, at once, not after its
+    heartbeat goes stale); empty when one may be alive or no lease is held."""
+    q = (select(Sample.lease_owner).distinct()
+         .where(Sample.batch_id == batch_id, Sample.status.in_(UNFINISHED), Sample.lease_owner.is_not(None),
+                Sample.lease_expires_at >= (time.time() if now is None else now)))
+    with store.session() as s:
+        owners = sorted(o for o in s.scalars(q) if o)
+    return owners if owners and all(owner_is_dead_here(o) for o in owners) else []
+
+
 @dataclass(frozen=True, slots=True)
 class ForeignLease:
     """A live lease of another process on a sample this process could not claim."""

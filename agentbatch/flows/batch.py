@@ -32,6 +32,7 @@ from agentbatch.engines.metrics import MetricsScraper, engine_endpoints
 from agentbatch.engines.registry import make_engines
 from agentbatch.environments.registry import make_workload, takes_batch_label
 from agentbatch.flows.config import BatchConfig, check_task_names
+from agentbatch.flows.crash_watch import watching
 from agentbatch.flows.identity import batch_tags, flow_run_name, slug, untagged_task_runs
 from agentbatch.flows.launch import launch_flow, prepare_launch, wait_for_prefect
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
@@ -325,6 +326,14 @@ async def execute_batch(store: Store, batch_id: int, *, workload: EnvironmentFac
         return BatchOutcome(batch_id=batch_id, status=idle.status, samples=idle.samples,
                             completed=idle.samples - idle.failed, failed=idle.failed, wall_s=0.0)
     live = _open(store, batch_id, claim, workload, use_prefect)
+    ctx = FlowRunContext.get()
+    with watching(store.url, batch_id, str(ctx.flow_run.id) if use_prefect and ctx and ctx.flow_run else None):
+        return await _execute(store, batch_id, live, config, keeper, use_prefect, show_progress, report_dir)
+
+
+async def _execute(store: Store, batch_id: int, live: _LiveBatch, config: BatchConfig, keeper: LeaseKeeper,
+                   use_prefect: bool, show_progress: bool | None, report_dir: Path | None) -> BatchOutcome:
+    """The claimed samples run to the end, and what the batch came to."""
     total, coordinator = live.total, live.batch.coordinator
     # The terminal bar or log lines, the store's heartbeat, logs to the flow run (flows/progress.py).
     bar = BatchWatch.start(store, batch_id, total=total, done=total - len(live.todo), show_progress=show_progress,

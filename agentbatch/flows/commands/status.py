@@ -38,39 +38,12 @@ def open_store_or_explain(url: str | None, command: str) -> Store | None:
         return None
 
 
-def mark_prefect_crashed(flow_run_id: str | None, message: str) -> str | None:
-    """Set the batch's Prefect flow run to Crashed (when a Prefect API is reachable); what happened."""
-    if not flow_run_id:
-        return None
-    from agentbatch.flows.prefect_server import choose_api
-
-    if choose_api(start=False).url is None:
-        return "Prefect flow run not updated: no Prefect server is running"
-    import asyncio
-    from uuid import UUID
-
-    from prefect.client.orchestration import get_client
-    from prefect.states import Crashed
-
-    async def mark() -> str:
-        async with get_client() as client:
-            run = await client.read_flow_run(UUID(flow_run_id))
-            if run.state is not None and run.state.is_final():
-                return f"Prefect flow run {run.name} is {run.state.name}"
-            await client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
-            return f"Prefect flow run {run.name} marked Crashed"
-
-    try:
-        return asyncio.run(mark())
-    except Exception as exc:  # noqa: BLE001 - the store is the source of truth; Prefect is a view
-        return f"Prefect flow run not updated: {exc.__class__.__name__}: {exc}"
-
-
 def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.eta import estimate_eta
     from agentbatch.dashboards.frames import UnknownBatch
     from agentbatch.dashboards.groups import group_line, group_scores
     from agentbatch.flows.config import plugins_line
+    from agentbatch.flows.crash_watch import mark_prefect_crashed
 
     store = open_store_or_explain(args.db, "status")
     if store is None:
