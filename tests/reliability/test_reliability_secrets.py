@@ -36,7 +36,9 @@ def store_text(path: Path) -> str:
 def flow_run_parameters(api_url: str) -> str:
     import httpx
 
-    runs = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200}, timeout=30).json()
+    # The newest runs first: the server is shared by the whole test run, this test's run is among them.
+    runs = httpx.post(f"{api_url}/flow_runs/filter", json={"limit": 200, "sort": "EXPECTED_START_TIME_DESC"},
+                      timeout=30).json()
     return "\n".join(str(r.get("parameters")) for r in runs)
 
 
