@@ -44,14 +44,14 @@ def test_uses_pg(pg_url):
 '''
 
 
-def run_pytest(tmp_path: Path, files: dict[str, str], **env: str) -> subprocess.CompletedProcess[str]:
+def run_pytest(tmp_path: Path, files: dict[str, str], *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     full_env = {k: v for k, v in os.environ.items() if k not in ("CI", "AGENTBATCH_TEST_PG_URL")}
     full_env.update(PYTHONPATH=str(TESTS), **env)
     # -p conftest: the project's tests/conftest.py, as a plugin, for test files outside tests/
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), *files], cwd=tmp_path, env=full_env,
+                           "--rootdir", str(tmp_path), *args, *files], cwd=tmp_path, env=full_env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -79,6 +79,15 @@ def test_module_skip_fails_under_ci(tmp_path: Path) -> None:
     ci = run_pytest(tmp_path, files, CI="true")
     assert ci.returncode != 0 and "skipped under CI=true" in ci.stdout and "no vLLM (simulated)" in ci.stdout, \
         ci.stdout
+
+
+def test_skips_fail_under_ci_in_parallel_workers(tmp_path: Path) -> None:
+    """`make test` runs pytest-xdist workers: the rule holds in them (tests, fixtures, modules)."""
+    ci = run_pytest(tmp_path, {"test_skipping.py": SKIPPING, "test_module_skip.py": MODULE_SKIP}, "-n", "2",
+                    CI="true")
+    assert ci.returncode == 1 and "1 failed, 2 errors" in ci.stdout, ci.stdout
+    for reason in ("no Docker engine (simulated)", "service missing (simulated)", "no vLLM (simulated)"):
+        assert f"skipped under CI=true, which runs every test: Skipped: {reason}" in ci.stdout, ci.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("pg_ctlcluster") is None,
