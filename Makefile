@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.agentbatch-installed
 BFCL_EVAL := bfcl-eval==2026.3.23
 
-.PHONY: demo test install lint bench clean-demo
+.PHONY: demo test install lint typecheck bench clean-demo
 
 $(STAMP): pyproject.toml examples/plugin_toolbench/pyproject.toml integrations/inspect_agentbatch/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check agentbatch tests bench integrations
+
+# mypy over the package, strict on scheduling/, protocols/, sim/ and db/ (pyproject.toml [tool.mypy])
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python bench/orchestration_overhead.py

@@ -108,6 +108,18 @@ def test_complex_and_long_functions_fail(tmp_path: Path) -> None:
     assert len(out.splitlines()) == 2, out
 
 
+def test_type_ignore_needs_codes_and_a_reason(tmp_path: Path) -> None:
+    pkg = _tree(tmp_path, {"scheduling/ign.py": "a: int = 'x'  # type: ignore\n"
+                                                "b: int = 'x'  # type: ignore[assignment]\n"
+                                                "c: int = 'x'  # type: ignore[assignment]  # a test of the rule\n"
+                                                "d = '# type: ignore in a string is no comment'\n"})
+    proc = _run(pkg)
+    assert proc.returncode == 1
+    lines = proc.stdout.splitlines()
+    assert [line.split(": ", 1)[0].rsplit(":", 1)[-1] for line in lines] == ["1", "2"], proc.stdout
+    assert all("ignore: a type: ignore needs its error codes and a reason" in line for line in lines), proc.stdout
+
+
 def test_limit_is_inclusive(tmp_path: Path) -> None:
     branches = "".join(f"    if x == {i}:\n        return {i}\n" for i in range(14))  # CC 15
     pkg = _tree(tmp_path, {"scheduling/ok.py": f"def fine(x):\n{branches}    return -1\n"})

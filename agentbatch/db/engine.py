@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -78,7 +79,7 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
             engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:  # sqlite3.Connection, its pool record
             cur = dbapi_conn.cursor()
             if not read_only:
                 # WAL lets readers (status, report) run beside the writing batch.

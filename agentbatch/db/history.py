@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ForeignKey, Integer, String, func, select
 from sqlalchemy.exc import DBAPIError
@@ -25,6 +25,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from agentbatch.db import models as _models  # noqa: F401  (the batches table its rows point at)
 from agentbatch.db.base import Base
 from agentbatch.db.models import Batch, BatchStatus, Sample, SampleStatus
+
+if TYPE_CHECKING:
+    from agentbatch.db.store import Store
 
 log = logging.getLogger(__name__)
 SUITE_KEY_CHARS = 16
@@ -78,12 +81,12 @@ class Priors:
         return f"chain lengths of {self.tasks} task(s) from {runs} {where}"
 
 
-def _task_ids(store: Any, batch_id: int) -> list[str]:
+def _task_ids(store: Store, batch_id: int) -> list[str]:
     with store.session() as s:
         return list(s.scalars(select(Sample.task_id).where(Sample.batch_id == batch_id)))
 
 
-def ensure_suite_row(store: Any, batch_id: int) -> SuiteRun:
+def ensure_suite_row(store: Store, batch_id: int) -> SuiteRun:
     """The batch's row, written from its config and task ids when missing."""
     with store.session() as s:
         row = s.get(SuiteRun, batch_id)
@@ -103,7 +106,7 @@ def ensure_suite_row(store: Any, batch_id: int) -> SuiteRun:
     return row
 
 
-def ensure_suite_rows(store: Any) -> int:
+def ensure_suite_rows(store: Store) -> int:
     """Write the rows of batches that have none (batches of older versions); returns how many."""
     with store.session() as s:
         missing = list(s.scalars(select(Batch.id).where(Batch.id.not_in(select(SuiteRun.batch_id)))))
@@ -112,7 +115,7 @@ def ensure_suite_rows(store: Any) -> int:
     return len(missing)
 
 
-def record_origin(store: Any, batch_id: int, *, tag: str | None = None, deployment: str | None = None,
+def record_origin(store: Store, batch_id: int, *, tag: str | None = None, deployment: str | None = None,
                   deployment_id: str | None = None) -> None:
     """Note what started a batch: its checkpoint/model tag and the Prefect deployment."""
     ensure_suite_row(store, batch_id)
@@ -121,18 +124,18 @@ def record_origin(store: Any, batch_id: int, *, tag: str | None = None, deployme
         row.tag, row.deployment, row.deployment_id = tag, deployment, deployment_id
 
 
-def suite_row(store: Any, batch_id: int) -> SuiteRun | None:
+def suite_row(store: Store, batch_id: int) -> SuiteRun | None:
     with store.session() as s:
         return s.get(SuiteRun, batch_id)
 
 
-def suite_runs(store: Any, key: str) -> list[SuiteRun]:
+def suite_runs(store: Store, key: str) -> list[SuiteRun]:
     """The suite's runs, oldest first."""
     with store.session() as s:
         return list(s.scalars(select(SuiteRun).where(SuiteRun.suite_key == key).order_by(SuiteRun.batch_id)))
 
 
-def previous_run(store: Any, batch_id: int) -> int | None:
+def previous_run(store: Store, batch_id: int) -> int | None:
     """The latest finished run of the batch's suite created before it, if any."""
     key = ensure_suite_row(store, batch_id).suite_key
     q = (select(func.max(SuiteRun.batch_id)).join(Batch, Batch.id == SuiteRun.batch_id)
@@ -152,7 +155,7 @@ class SuiteInfo:
     deployments: list[str]
 
 
-def list_suites(store: Any) -> list[SuiteInfo]:
+def list_suites(store: Store) -> list[SuiteInfo]:
     """Every suite in the store, the most recently run first."""
     ensure_suite_rows(store)
     with store.session() as s:
@@ -170,7 +173,7 @@ def list_suites(store: Any) -> list[SuiteInfo]:
     return sorted(out.values(), key=lambda i: -i.last_batch)
 
 
-def resolve_suites(store: Any, ref: str) -> list[str]:
+def resolve_suites(store: Store, ref: str) -> list[str]:
     """Suite keys named by `ref`: a suite key (or a prefix of one), a deployment name ("deployment"
     or "flow/deployment"), or a batch name."""
     suites = list_suites(store)
@@ -182,7 +185,7 @@ def resolve_suites(store: Any, ref: str) -> list[str]:
     return named
 
 
-def _mean_lengths(store: Any, batch_ids: list[int], task_ids: list[str]) -> dict[str, float]:
+def _mean_lengths(store: Store, batch_ids: list[int], task_ids: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for i in range(0, len(task_ids), 500):  # short IN lists for SQLite's variable limit
         q = (select(Sample.task_id, func.avg(Sample.steps_done))
@@ -194,7 +197,7 @@ def _mean_lengths(store: Any, batch_ids: list[int], task_ids: list[str]) -> dict
     return out
 
 
-def _contributing_batches(store: Any, task_ids: list[str], exclude_batch_id: int) -> int:
+def _contributing_batches(store: Store, task_ids: list[str], exclude_batch_id: int) -> int:
     batches: set[int] = set()
     for i in range(0, len(task_ids), 500):
         q = (select(Sample.batch_id).distinct()
@@ -205,7 +208,7 @@ def _contributing_batches(store: Any, task_ids: list[str], exclude_batch_id: int
     return len(batches)
 
 
-def suite_priors(store: Any, batch_id: int, task_ids: Iterable[str]) -> Priors:
+def suite_priors(store: Store, batch_id: int, task_ids: Iterable[str]) -> Priors:
     """Chain-length priors for a batch's tasks, recorded with the batch.
 
     From the suite's last PRIOR_RUNS earlier finished runs when it has any; otherwise from any other
@@ -232,7 +235,7 @@ def suite_priors(store: Any, batch_id: int, task_ids: Iterable[str]) -> Priors:
     return priors
 
 
-def priors_used(store: Any, batch_id: int) -> Priors | None:
+def priors_used(store: Store, batch_id: int) -> Priors | None:
     """What `suite_priors` recorded for the batch (the count of task ids, not the lengths); None
     when the batch never started."""
     row = suite_row(store, batch_id)

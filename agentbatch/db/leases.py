@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Select, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select, update
 
 from agentbatch.db.models import Sample, SampleStatus, Step, StepStatus
 from agentbatch.db.store import Store
@@ -89,7 +89,7 @@ class SampleLeases:
         self._held: set[int] = set()
 
     # --- claiming --------------------------------------------------------------------------------
-    def _claimable(self, now: float) -> Select[tuple[int]]:
+    def _claimable(self, now: float) -> Select[int]:
         return (
             select(Sample.id)
             .where(
@@ -130,7 +130,7 @@ class SampleLeases:
              .where(Sample.batch_id == self.batch_id, Sample.lease_owner.is_not(None),
                     Sample.lease_owner != self.owner))
         with self.store.session() as s:
-            owners = [o for o in s.scalars(q) if owner_is_dead_here(o)]
+            owners = [o for o in s.scalars(q) if o is not None and owner_is_dead_here(o)]
         for owner in owners:
             with self.store.session() as s, s.begin():
                 s.execute(update(Sample).where(Sample.batch_id == self.batch_id, Sample.lease_owner == owner)
@@ -193,7 +193,7 @@ class SampleLeases:
             owners = {o for o in s.scalars(q) if o}
         return sorted(owners | {self.owner})
 
-    def store_samples(self, condition) -> list[Sample]:  # type: ignore[no-untyped-def]
+    def store_samples(self, condition: ColumnElement[bool]) -> list[Sample]:
         q = (select(Sample)
              .where(Sample.batch_id == self.batch_id, Sample.status.in_(UNFINISHED), condition)
              .order_by(Sample.index))
@@ -243,7 +243,7 @@ def flag_in_flight(store: Store, sample_ids: list[int]) -> list[InFlight]:
         if rows:
             s.execute(update(Sample).where(Sample.id.in_([r[0] for r in rows])).values(in_flight_step=None)
                       .execution_options(synchronize_session=False))
-    return [InFlight(sample_id, index) for sample_id, _, index in rows]
+    return [InFlight(sample_id, index) for sample_id, _, index in rows if index is not None]
 
 
 def count_may_have_executed(store: Store, batch_id: int) -> int:

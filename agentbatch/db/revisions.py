@@ -67,7 +67,8 @@ def chain_revision(stamp: set[str]) -> str | None:
     if len(stamp) == 1 and next(iter(stamp)) in chain():
         return next(iter(stamp))
     applied: set[str] = set()
-    for rev in stamp:
+    for head in stamp:
+        rev: str | None = head
         while rev is not None and rev not in applied:
             if rev not in LEGACY_PARENTS:
                 raise StampError(f"the store is stamped with revision {rev!r}, which this agentbatch does not "

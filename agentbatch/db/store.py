@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, Executable, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentbatch.db.engine import check_readable, make_engine, migrate, resolve_url
@@ -28,6 +28,11 @@ from agentbatch.db.models import (
     Worker,
 )
 from agentbatch.protocols.secrets import redact_text, redact_value
+
+
+def _dml(session: Session, statement: Executable) -> CursorResult[Any]:
+    """An UPDATE or DELETE; its result is a CursorResult (which has `rowcount`), though typed a Result."""
+    return cast(CursorResult[Any], session.execute(statement))
 
 
 @dataclass(slots=True)
@@ -122,7 +127,7 @@ class Store:
         """Set the batch's failed samples to run again (`agentbatch retry`); their completed steps and
         every earlier attempt stay. Returns how many."""
         with self.session() as s, s.begin():
-            result = s.execute(
+            result = _dml(s,
                 update(Sample)
                 .where(Sample.batch_id == batch_id, Sample.status == SampleStatus.FAILED)
                 .values(status=SampleStatus.PENDING, error=None, score=None, result=None, finished_at=None,
@@ -183,7 +188,7 @@ class Store:
         if sample_ids is not None:
             where.append(Step.sample_id.in_(list(sample_ids)))
         with self.session() as s, s.begin():
-            result = s.execute(
+            result = _dml(s,
                 update(Step)
                 .where(*where)
                 .values(status=StepStatus.ABANDONED, error="process died while the step ran")

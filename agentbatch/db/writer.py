@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, bindparam, func, insert, update
+from sqlalchemy import BindParameter, Connection, bindparam, func, insert, update
 from sqlalchemy.orm import Session
 
 from agentbatch.db.models import Sample, Step
@@ -43,8 +43,8 @@ from agentbatch.db.store import Store
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_STEPS = Step.__table__
-_SAMPLES = Sample.__table__
+_STEPS = Step.metadata.tables[Step.__tablename__]
+_SAMPLES = Sample.metadata.tables[Sample.__tablename__]
 _KEY = ("sample_id", "index", "attempt")
 # Columns kept when set: a resumed sample keeps its first admission time and its last worker.
 _KEEP_FIRST = frozenset({"admitted_at"})
@@ -100,7 +100,7 @@ def _update_statements(merged: dict[int, dict[str, Any]]) -> Iterable[tuple[Any,
     for columns, rows in by_columns.items():
         assignments: dict[str, Any] = {}
         for c in columns:
-            param = bindparam(f"_{c}")
+            param: BindParameter[Any] = bindparam(f"_{c}")
             if c in _KEEP_FIRST:
                 assignments[c] = func.coalesce(_SAMPLES.c[c], param)
             elif c in _KEEP_IF_NULL:

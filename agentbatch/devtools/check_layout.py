@@ -10,7 +10,9 @@ Reads every module's source (no import runs) and reports, one line each:
   ``if TYPE_CHECKING:`` do not, since they never run);
 - a function or method above cyclomatic complexity ``MAX_COMPLEXITY`` (radon) or longer than
   ``MAX_LINES`` lines. A function that is a table of data may be exempted by the comment
-  ``# layout: table`` on its ``def`` line or on the line above.
+  ``# layout: table`` on its ``def`` line or on the line above;
+- a ``# type: ignore`` without its error codes and a reason after them
+  (``# type: ignore[code]  # why``): the type checker (``make typecheck``) is silenced only with both.
 
 Exit 0 when clean, 1 when anything is reported, 2 on bad arguments.
 """
@@ -19,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
+import re
 import sys
+import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +35,7 @@ from radon.complexity import cc_visit_ast
 MAX_COMPLEXITY = 15
 MAX_LINES = 80
 TABLE_MARKER = "# layout: table"
+TYPE_IGNORE = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[^\]]*\])?(?P<rest>.*)$")
 
 # Room -> the rooms it may import (besides itself, the stdlib and third-party packages).
 # Bottom to top; keep in step with docs/architecture.md.
@@ -61,7 +67,7 @@ ROOT_ROOM = ""
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # "room" | "cycle" | "complexity" | "length"
+    kind: str  # "room" | "cycle" | "complexity" | "length" | "ignore"
     where: str  # path:line
     message: str
 
@@ -315,11 +321,24 @@ def check_size(path: Path, tree: ast.Module, display: str | None = None,
 # --- entry point ------------------------------------------------------------------------------
 
 
+def check_ignores(path: Path, display: str | None = None) -> list[Violation]:
+    """Every `# type: ignore` names its error codes and gives a reason in a comment after them."""
+    out: list[Violation] = []
+    source = io.StringIO(path.read_text(encoding="utf-8"))
+    for tok in tokenize.generate_tokens(source.readline):
+        m = TYPE_IGNORE.search(tok.string) if tok.type == tokenize.COMMENT else None
+        if m and not (m["codes"] and m["rest"].strip().lstrip("#").strip()):
+            out.append(Violation("ignore", f"{display or path}:{tok.start[0]}",
+                                 "a type: ignore needs its error codes and a reason: "
+                                 "'# type: ignore[code]  # why'"))
+    return out
+
+
 def check_package(package_dir: Path, rooms: dict[str, frozenset[str]] = ROOMS) -> list[Violation]:
     modules = load_package(package_dir)
     violations = check_rooms(modules, rooms) + check_cycles(modules)
     for module in modules.values():
-        violations += check_size(module.path, module.tree)
+        violations += check_size(module.path, module.tree) + check_ignores(module.path)
     return sorted(violations, key=lambda v: (v.kind, v.where))
 
 
@@ -350,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     violations += check_files(extra)
     for violation in violations:
         print(violation)
-    counts = {kind: sum(v.kind == kind for v in violations) for kind in ("room", "cycle", "complexity", "length")}
+    counts = {kind: sum(v.kind == kind for v in violations) for kind in ("room", "cycle", "complexity", "length", "ignore")}
     print(f"check_layout: {len(violations)} violation(s) " + ", ".join(f"{k} {n}" for k, n in counts.items()),
           file=sys.stderr)
     return 1 if violations else 0

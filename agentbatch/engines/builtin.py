@@ -85,4 +85,4 @@ def build_openai(params: dict[str, Any], workload: Any) -> list[Any]:
     return build_openai_workers(params, workload)
 
 
-build_openai.Params = OpenAIParams  # type: ignore[attr-defined]
+build_openai.Params = OpenAIParams  # type: ignore[attr-defined]  # a plugin's Params (protocols/plugins.py)

@@ -110,4 +110,4 @@ def build_replay_workers(params: dict[str, Any], workload: Any) -> list[ReplayEn
     return [ReplayEngine(f"replay-{i}", workload, timing=make_timing(timing)) for i in range(p.workers)]
 
 
-build_replay_workers.Params = ReplayParams  # type: ignore[attr-defined]
+build_replay_workers.Params = ReplayParams  # type: ignore[attr-defined]  # a plugin's Params (protocols/plugins.py)

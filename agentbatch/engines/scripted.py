@@ -125,4 +125,4 @@ def build_scripted_workers(params: dict[str, Any], workload: Any) -> list[Script
     ]
 
 
-build_scripted_workers.Params = ScriptedParams  # type: ignore[attr-defined]
+build_scripted_workers.Params = ScriptedParams  # type: ignore[attr-defined]  # a plugin's Params (protocols/plugins.py)

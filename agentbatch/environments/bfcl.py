@@ -17,7 +17,7 @@ import json
 import random
 import re
 from functools import cache
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field
 
@@ -32,7 +32,8 @@ from agentbatch.protocols.environment import (
 )
 from agentbatch.protocols.plugins import PluginParams
 
-CATEGORIES = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
+Category = Literal["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"]
+CATEGORIES: tuple[Category, ...] = get_args(Category)
 FORBIDDEN_CALLS = {"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"}  # as bfcl's executor
 
 
@@ -241,7 +242,7 @@ _SCORINGS = itertools.count()
 
 
 class BfclParams(PluginParams):
-    categories: list[Literal[CATEGORIES]] | None = Field(None, description="default: all four")  # type: ignore[valid-type]
+    categories: list[Category] | None = Field(None, description="default: all four")
     limit: int | None = Field(None, ge=1, description="first N tasks (after the shuffle)")
     seed: int | None = Field(None, description="shuffle the tasks with this seed")
     task_ids: list[str] | None = Field(None, min_length=1, description="these tasks instead")

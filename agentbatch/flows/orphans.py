@@ -37,4 +37,4 @@ def guard_prefect_server() -> None:
     from prefect.server.api import server as prefect_server
 
     if not isinstance(prefect_server.subprocess, _DyingChildren):
-        prefect_server.subprocess = _DyingChildren()  # type: ignore[assignment]
+        prefect_server.subprocess = _DyingChildren()  # type: ignore[assignment]  # the module's subprocess, wrapped

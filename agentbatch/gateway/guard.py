@@ -116,7 +116,7 @@ def guarded_http(header_timeout_s: float) -> type[asyncio.Protocol]:
     `header_timeout_s` of connecting or of its first bytes after the previous response."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-    class GuardedHTTP(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    class GuardedHTTP(AutoHTTPProtocol):  # type: ignore[misc, valid-type]  # uvicorn picks the class at import
         _head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:

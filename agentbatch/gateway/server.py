@@ -196,8 +196,7 @@ def uvicorn_server(gateway: Gateway, *, graceful_s: float = 30.0) -> Any:
     # request. A connection that never sends a whole request head is closed after header_timeout_s.
     settings = gateway.settings
     config = uvicorn.Config(gateway.app(), log_level="warning", access_log=False, lifespan="on",
-                            # uvicorn waits with asyncio: float seconds work (its annotation says int)
-                            timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
+                            timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]  # typed int; a float works
                             timeout_keep_alive=settings.keep_alive_s,
                             http=guarded_http(settings.header_timeout_s))
     server = uvicorn.Server(config)
@@ -208,7 +207,7 @@ def uvicorn_server(gateway: Gateway, *, graceful_s: float = 30.0) -> Any:
     gateway.on_stop = stop
     # uvicorn re-raises a captured SIGTERM after its shutdown, which would end the process before the
     # caller prints its summary: here a signal only stops the server (a second SIGINT forces it).
-    server.capture_signals = lambda: _stop_on_signals(server)  # type: ignore[method-assign]  # see above
+    server.capture_signals = lambda: _stop_on_signals(server)  # type: ignore[method-assign]  # see the comment above
     return server
 
 

@@ -70,7 +70,7 @@ class TrajectoryAwareRouter(Router):
         self._homes: dict[int, str] = {}  # sample id -> worker that served its last call
 
     @property
-    def wants_kv_usage(self) -> bool:  # type: ignore[override]
+    def wants_kv_usage(self) -> bool:  # type: ignore[override]  # Router's class default, computed here
         return self.kv_margin is not None
 
     def on_request_complete(self, sample_id: int, worker: str) -> None:

@@ -199,7 +199,8 @@ class EngineModel:
         sum with the prefill terms zero), so a driver that runs them without an event each gets the
         same results."""
         starts = [now]
-        self._planned = durations = []
+        durations: list[float] = []
+        self._planned = durations
         self._plan_iter = self._iter
         if self._prefill or len(self._waiting) or not self._decode:
             return starts

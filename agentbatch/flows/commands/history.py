@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 from agentbatch.flows.commands._common import add_db_option, fail, quiet_on_closed_pipe
+
+if TYPE_CHECKING:  # imported lazily at run time: `--help` stays fast
+    from agentbatch.db.store import Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=quiet_on_closed_pipe(main))
 
 
-def _list_suites(store: object, as_json: bool) -> int:
+def _list_suites(store: Store, as_json: bool) -> int:
     from dataclasses import asdict
 
     from agentbatch.db.history import list_suites
@@ -60,12 +64,12 @@ def main(args: argparse.Namespace) -> int:
         store.close()
 
 
-def _print_runs(store: object, keys: list[str], args: argparse.Namespace) -> int:
+def _print_runs(store: Store, keys: list[str], args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from agentbatch.dashboards.history import history_text, suite_history
 
-    histories = {k: suite_history(store, k, limit=args.limit) for k in keys}  # type: ignore[arg-type]
+    histories = {k: suite_history(store, k, limit=args.limit) for k in keys}
     if args.json:
         print(json.dumps({k: [asdict(r) for r in runs] for k, runs in histories.items()}, indent=1, default=str))
         return 0
