@@ -332,7 +332,7 @@ async def execute_batch(store: Store, batch_id: int, *, workload: EnvironmentFac
 
 
 async def _execute(store: Store, batch_id: int, live: _LiveBatch, config: BatchConfig, keeper: LeaseKeeper,
-                   use_prefect: bool, show_progress: bool | None, report_dir: Path | None) -> BatchOutcome:
+                   use_prefect: bool, show_progress: bool | str | None, report_dir: Path | None) -> BatchOutcome:
     """The claimed samples run to the end, and what the batch came to."""
     total, coordinator = live.total, live.batch.coordinator
     # The terminal bar or log lines, the store's heartbeat, logs to the flow run (flows/progress.py).
