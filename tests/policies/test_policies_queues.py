@@ -102,6 +102,8 @@ def test_registry_builds_queues_with_params() -> None:
     assert isinstance(make_queue("caas_history"), CaasHistoryQueue)
     with pytest.raises(ValueError, match="unknown queue policy"):
         make_queue("nope")
+    with pytest.raises(TypeError, match="made a RoundRobinRouter, not a QueuePolicy"):
+        make_queue(RoundRobinRouter)  # a resolved plugin of the wrong role is refused when built
 
 
 class FewestStepsQueue(QueuePolicy):
