@@ -24,8 +24,10 @@ import asyncio
 import concurrent.futures
 import inspect
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from agentbatch.environments.capacity import CapacityLimiter
@@ -353,6 +355,22 @@ class McpWorkload:
         self.in_flight = in_flight  # external step cut short by a crash: run it again (same key) or fail
         self._shared: Toolset | None = None
         self._shared_lock = asyncio.Lock()
+
+    @staticmethod
+    def absolute_params(params: dict[str, Any], base: Path) -> dict[str, Any]:
+        """The params with relative paths made absolute against `base` (where the config was loaded), so
+        that a resume from another folder reads the same task file and starts the servers in the same
+        folder: `task_file.path`, and each stdio server's `cwd` (`base` when not given)."""
+        out = dict(params)
+        task_file = out.get("task_file")
+        if isinstance(task_file, dict) and isinstance(task_file.get("path"), str):
+            out["task_file"] = {**task_file, "path": os.path.abspath(base / task_file["path"])}
+        if isinstance(out.get("servers"), list):
+            out["servers"] = [
+                {**s, "cwd": os.path.abspath(base / (s.get("cwd") or "."))}
+                if isinstance(s, dict) and s.get("command") and "{" not in str(s.get("cwd") or "") else s
+                for s in out["servers"]]
+        return out
 
     def tasks(self) -> list[TaskSpec]:
         return list(self._tasks)

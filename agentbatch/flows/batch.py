@@ -83,7 +83,7 @@ def plan_batch(config: BatchConfig) -> BatchPlan:
     """Build the workload and list its tasks; raises ValueError for a workload that cannot run. A
     workload that labels its sandboxes gets its label now, kept in the batch's stored config, so that
     a resume in another process labels (and cleans up) the same containers."""
-    config = with_batch_label(config)
+    config = with_absolute_paths(with_batch_label(config))
     workload = make_workload(config.workload.kind, config.workload.params)
     tasks = workload.tasks()
     if not tasks:
@@ -102,6 +102,18 @@ def with_batch_label(config: BatchConfig) -> BatchConfig:
     label = f"{slug(config.name, 40)}-{uuid.uuid4().hex[:8]}"
     workload = config.workload.model_copy(update={"params": {**params, "batch_label": label}})
     return config.model_copy(update={"workload": workload})
+
+
+def with_absolute_paths(config: BatchConfig) -> BatchConfig:
+    """The config with the workload's relative paths resolved against this folder (a workload that
+    declares `absolute_params`), so that the stored config means the same from any folder."""
+    resolve = getattr(config.workload_plugin().obj, "absolute_params", None)
+    if resolve is None:
+        return config
+    params = resolve(dict(config.workload.params), Path.cwd())
+    if params == config.workload.params:
+        return config
+    return config.model_copy(update={"workload": config.workload.model_copy(update={"params": params})})
 
 
 def workload_tasks(config: BatchConfig) -> list[tuple[str, dict[str, Any], str | None]]:

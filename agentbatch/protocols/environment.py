@@ -135,7 +135,9 @@ class EnvironmentFactory(Protocol):
     Optional: `ground_truth(task) -> list of GroundTruthTurn` (or of lists of calls), the reference
     solution the scripted engine answers with (see `GroundTruthSource`); `check() -> None`, called
     before a batch is written: everything the workload can verify up front (servers reachable, tool
-    names its settings use), raising ValueError that starts with the parameter at fault.
+    names its settings use), raising ValueError that starts with the parameter at fault;
+    `absolute_params(params, base) -> params` (a static method), the params with relative paths made
+    absolute against the folder the config was loaded in, before the config is stored.
     """
 
     name: str
