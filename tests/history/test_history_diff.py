@@ -84,4 +84,4 @@ def test_runs_of_a_suite_diff_and_flag_regressions(tmp_path, capsys, monkeypatch
     assert rows[2][-1] == "x2" and rows[0][-1] == "-"  # priors: suite x2 / none
 
     page = (tmp_path / "reports" / f"batch-{b3}" / "index.html").read_text()
-    assert f"History (suite {key})" in page and 'id="chart-history"' in page and "ckpt-2" in page
+    assert f"History (suite {key})" in page and 'id="chart-history-score"' in page and "ckpt-2" in page
