@@ -207,9 +207,9 @@ class StepWriter:
     async def commit(self, write: StepWrite) -> None:
         """Queue a write and return once it is committed (raises what the database raised)."""
         loop = asyncio.get_running_loop()
-        item = _Item(write, future=loop.create_future(), loop=loop, urgent=True)
-        self._put(item)
-        await item.future  # type: ignore[misc]  # an asyncio future here (loop set)
+        future: asyncio.Future[Any] = loop.create_future()
+        self._put(_Item(write, future=future, loop=loop, urgent=True))
+        await future
 
     async def update_sample(self, sample: SampleKey, values: dict[str, Any]) -> None:
         await self.commit(sample_update(sample, values))
