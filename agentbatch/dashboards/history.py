@@ -313,14 +313,15 @@ def diff_with_previous(store: Store, batch_id: int, *, threshold: float = 0.0,
 def history_charts(runs: list[RunFigures]) -> list[dict[str, Any]]:
     """Score and makespan over the suite's runs (x: the run's position, labelled batch and tag)."""
     x = list(range(len(runs)))
+    names = [f"batch {r.batch_id} {r.tag or ''}".strip() for r in runs]
     return [chart("chart-history-score", "Runs of this suite: mean score", "line",
                   [line(x, [r.score for r in runs], "mean score", "#1F77B4", markers=1),
                    line(x, [r.score for r in runs], "mean score", "#1F77B4")],
-                  xlabel="run, oldest first (the table below names them)", ylabel="mean score", height=260),
+                  xlabel="run, oldest first", ylabel="mean score", height=260, xticks=names),
             chart("chart-history-makespan", "Runs of this suite: makespan", "line",
                   [line(x, [r.makespan_s for r in runs], "makespan (s)", "#FF7F0E", markers=1),
                    line(x, [r.makespan_s for r in runs], "makespan (s)", "#FF7F0E")],
-                  xlabel="run", ylabel="seconds", height=260)]
+                  xlabel="run, oldest first", ylabel="seconds", height=260, xticks=names)]
 
 
 def history_section_html(store: Store, batch_id: int, limit: int = HISTORY_RUNS) -> tuple[str, list[dict[str, Any]]]:

@@ -57,8 +57,10 @@
     var Y = function (v) { return H - M.b - (v - yr[0]) / (yr[1] - yr[0]) * (H - M.t - M.b); };
     el("rect", { x: M.l, y: M.t, width: W - M.l - M.r, height: H - M.t - M.b, fill: "none", stroke: "#ccc" }, g);
     if (!cats) ticks(xr[0], xr[1], 8).forEach(function (v) {
+      var name = c.xticks ? c.xticks[v] : fmt(v);  // named positions (e.g. the runs of a suite)
+      if (name === undefined) return;
       el("line", { x1: X(v), x2: X(v), y1: M.t, y2: H - M.b, stroke: "#eee" }, g);
-      el("text", { x: X(v), y: H - M.b + 14, "text-anchor": "middle" }, g, fmt(v));
+      el("text", { x: X(v), y: H - M.b + 14, "text-anchor": "middle" }, g, name);
     });
     if (!c.rows) ticks(yr[0], yr[1], 5).forEach(function (v) {
       el("line", { x1: M.l, x2: W - M.r, y1: Y(v), y2: Y(v), stroke: "#eee" }, g);
