@@ -122,3 +122,37 @@ def test_report_compares_a_gateway_batch_with_a_built_in_batch(sqlite_url, tmp_p
     assert code == 0 and (tmp_path / "cmp" / "index.html").exists()
     assert f"batch {gateway_id}" in out and f"batch {builtin_id}" in out
     assert {s.score for s in store.samples(gateway_id)} == {1.0}
+
+
+@pytest.mark.postgres
+def test_store_password_is_neither_printed_nor_a_flow_run_parameter(tmp_path, pg_url, prefect_api):
+    """`agentbatch gateway --db URL-with-password` as a Prefect flow run: the password is not in its
+    output, and the flow run's parameters name the store without it."""
+    import json
+
+    from sqlalchemy.engine import make_url
+
+    password = make_url(pg_url).password
+    assert password
+    port = free_port()
+    with sim_workers(1) as endpoints:
+        path = write_config(tmp_path / "gw.yaml", {"name": "gw-secret", "engine": {"kind": "openai", "params": {
+            "endpoints": [{"name": "w0", "base_url": endpoints[0].base_url, "model": MODEL}]}}})
+        proc = subprocess.Popen([*CLI, "gateway", "--config", str(path), "--db", pg_url, "--port", str(port),
+                                 "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "PREFECT_API_URL": prefect_api})
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_until(lambda: answers(base + "/health"), 180, "the gateway", alive=lambda: proc.poll() is None)
+            assert httpx.post(base + "/v1/batch/finish").status_code == 200
+            out, _ = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, out
+    assert f":{password}@" not in out and pg_url not in out
+    runs = httpx.post(f"{prefect_api}/flow_runs/filter", json={"limit": 200}, timeout=30).json()
+    mine = [r for r in runs if str(path) == r["parameters"].get("config_path")]
+    assert mine, [r["name"] for r in runs]
+    assert all(f":{password}@" not in json.dumps(r["parameters"]) for r in mine)
+    assert make_url(mine[0]["parameters"]["db_url"]).database == make_url(pg_url).database  # names the store

@@ -186,7 +186,9 @@ async def _watch(gateway: Any, options: dict[str, Any]) -> None:
     while not gateway.opened:
         await asyncio.sleep(0.05)
     base = f"http://{options['host']}:{options['port']}"
-    print(f"agentbatch gateway: batch {gateway.batch_id} in {gateway.store.url}\n"
+    from agentbatch.flows.store_url import shown_url
+
+    print(f"agentbatch gateway: batch {gateway.batch_id} in {shown_url(str(gateway.store.url))}\n"
           f"  OpenAI base URL {base}/v1   MCP tool gateway {base}/mcp ({len(gateway.tools.tools)} tools)\n"
           f"  finish with: curl -X POST {base}/v1/batch/finish   (or SIGTERM)", flush=True)
     registry = gateway.state.registry
