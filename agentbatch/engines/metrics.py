@@ -18,11 +18,14 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from agentbatch.scheduling.types import WorkerLoad
+
+if TYPE_CHECKING:  # annotations only: the store module is imported where a scraper records
+    from agentbatch.db.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +206,7 @@ class MetricsScraper:
         endpoints: Mapping[str, str],
         *,
         interval_s: float = 2.0,
-        store: Any | None = None,
+        store: Store | None = None,
         batch_id: int | None = None,
         timeout_s: float = 5.0,
         record_series: bool = True,
@@ -239,7 +242,7 @@ class MetricsScraper:
             await asyncio.to_thread(self._record, self.store, self.batch_id, snaps)
         return {m.name: m for m in snaps}
 
-    def _record(self, store: Any, batch_id: int, snaps: Iterable[WorkerMetrics]) -> None:
+    def _record(self, store: Store, batch_id: int, snaps: Iterable[WorkerMetrics]) -> None:
         from agentbatch.db.metrics_models import insert_worker_metrics
 
         snaps = list(snaps)
