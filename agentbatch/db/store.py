@@ -78,6 +78,11 @@ class Store:
         with self.session() as s:
             return s.get(Batch, batch_id)
 
+    def set_batch_config(self, batch_id: int, config: dict[str, Any]) -> None:
+        """Replace a batch's stored config (the scheduling a run chose, flows/policy_choice.py)."""
+        with self.session() as s, s.begin():
+            s.get_one(Batch, batch_id).config = config
+
     def list_batches(self) -> list[Batch]:
         with self.session() as s:
             return list(s.scalars(select(Batch).order_by(Batch.id)))

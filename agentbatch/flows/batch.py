@@ -36,6 +36,7 @@ from agentbatch.flows.crash_watch import watching
 from agentbatch.flows.identity import batch_tags, flow_run_name, slug, untagged_task_runs
 from agentbatch.flows.launch import launch_flow, prepare_launch, wait_for_prefect
 from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
+from agentbatch.flows.policy_choice import choose_policy, publish_choice
 from agentbatch.flows.prefect_server import PrefectApi
 from agentbatch.flows.progress import BatchWatch
 from agentbatch.flows.store_url import shown_url
@@ -67,6 +68,7 @@ class BatchOutcome:
     sticky: int = 0
     moves: int = 0
     report_path: str | None = None
+    policy: dict[str, Any] = field(default_factory=dict)  # what scheduling.policy ran and why
 
 
 @dataclass(eq=False)
@@ -180,6 +182,26 @@ class _LiveBatch:
     owns_workload: bool  # built here (closed at the end), else by the run's launcher
     priors: dict[str, float] = field(default_factory=dict)
     total: int = 0
+    policy: dict[str, Any] = field(default_factory=dict)  # what scheduling.policy ran (flows/policy_choice.py)
+
+
+def _chosen_policy(config: BatchConfig, store: Store, batch_id: int, todo: list[Any],
+                   workers: int) -> tuple[BatchConfig, AdmissionPlan, dict[str, Any]]:
+    """The config after `scheduling.policy` (flows/policy_choice.py), its admission plan and what ran."""
+    plan = admission_todo(config, store, batch_id, todo)
+    choice = choose_policy(config, store, batch_id, [s.task_id for s in todo], workers, plan.priors)
+    if choice.config is not config:  # scheduling.policy changed the scheduling: its admission order too
+        config = choice.config
+        plan = admission_todo(config, store, batch_id, todo)
+        # kept with the batch: a resume runs the same choice, the report shows it (scheduling.choice)
+        store.set_batch_config(batch_id, to_stored(config.model_dump(mode="json")))
+    return config, plan, choice.summary
+
+
+def _in_order(ordered: list[Any], settled: list[Any]) -> list[Any]:
+    """The admission order of the samples still to run after settling those cut short."""
+    keep = {s.id for s in settled}
+    return [s for s in ordered if s.id in keep]
 
 
 @dataclass(eq=False)
@@ -218,6 +240,7 @@ def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFacto
     if workload is None:
         workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
     engines = make_engines(config.engine.kind, config.engine.params, workload)
+    config, plan, policy = _chosen_policy(config, store, batch_id, todo, len(engines))
     coordinator = build_coordinator(config, [e.name for e in engines])
     ctx = FlowRunContext.get()
     if use_prefect and ctx is not None and isinstance(ctx.task_runner, CoordinatedTaskRunner):
@@ -234,9 +257,9 @@ def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFacto
     todo = keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
     if config.scheduling.env_slots_scope == "batch":
         keeper.on_owners = env_slot_share(config.scheduling.env_slots, keeper, coordinator)
-    live = _LiveBatch(config, keeper, todo, batch, engines, events, owned, total=len(store.samples(batch_id)))
-    plan = admission_todo(config, store, batch_id, todo)
-    live.todo, live.priors = plan.todo, plan.priors  # the order they queue for admission
+    live = _LiveBatch(config, keeper, todo, batch, engines, events, owned, total=len(store.samples(batch_id)),
+                      policy=policy)  # fmt: skip
+    live.todo, live.priors = _in_order(plan.todo, todo), plan.priors  # the order they queue for admission
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), live.total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
@@ -352,6 +375,8 @@ async def _execute(store: Store, batch_id: int, live: _LiveBatch, config: BatchC
                            coordinator=coordinator)
     artifact = BatchProgressArtifact()  # the Prefect UI's progress bar (a no-op outside a flow run)
     await artifact.start(batch_id, total, store.url)
+    if use_prefect:
+        await publish_choice(live.policy)
     start = time.perf_counter()
     stopped = await _drive(live, config.execution.mode if use_prefect else None, bar, artifact)
     failed = len(store.samples(batch_id, statuses=[SampleStatus.FAILED]))  # this run's and earlier runs'
@@ -364,7 +389,7 @@ async def _execute(store: Store, batch_id: int, live: _LiveBatch, config: BatchC
         batch_id=batch_id, status=status, samples=total,
         completed=total - failed, failed=failed, wall_s=time.perf_counter() - start,
         peaks=coordinator.peaks(), sticky=coordinator.sticky, moves=coordinator.moves,
-        report_path=str(report_path) if report_path else None,
+        report_path=str(report_path) if report_path else None, policy=live.policy,
     )
 
 

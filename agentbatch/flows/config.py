@@ -117,10 +117,33 @@ class SchedulingConfig(_Strict):
     priority: PolicyConfig = Field(
         default_factory=lambda: PolicyConfig(name=DEFAULTS.priority), description="per-request engine priority"
     )
+    policy: str = Field(
+        "auto", min_length=1, max_length=MAX_NAME_LENGTH,
+        description="auto: before the batch, simulate every candidate of the policy portfolio (the strong "
+        "baselines among them) on the batch's tasks as earlier batches recorded them, on these engines and slots, "
+        "and run the best (needs the engine config's simulated timing profile and history; otherwise the fields "
+        "here run as written); configured: the fields here run as written; or a candidate's name "
+        "(`agentbatch whatif --policy list`). See docs/method.md",
+    )
+    choice: dict[str, Any] | None = Field(
+        None, description="written by policy auto: the chosen candidate, every candidate's predicted makespan, "
+        "the rule and the time spent deciding (not an input)",
+    )
     priors: dict[str, float] | None = Field(
         None, description="task id -> expected chain steps for history-aware policies and admission order; "
         "unset: from earlier batches in the store. Controlled replay pins them (from --priors, else none)",
     )
+
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from agentbatch.sim.portfolio import portfolio
+
+        names = [c.name for c in portfolio()]
+        if v not in ("auto", "configured", *names):
+            raise ValueError(f"must be 'auto', 'configured' or a portfolio candidate: {', '.join(map(repr, names))}")
+        return v
 
 
 class LimitsConfig(_Strict):

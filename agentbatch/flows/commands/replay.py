@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbatch.flows.commands._common import add_db_option, fail
+from agentbatch.flows.commands._inputs import positive_float, positive_int
 from agentbatch.scheduling.admission_order import ADMISSION_ORDERS
 from agentbatch.scheduling.defaults import ADMISSION_CONTROLS, DEFAULTS
 
@@ -31,35 +32,15 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
     """Keeps the description's line breaks and shows every default."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
-    return value
-
-
 def _add_policy_args(p: argparse.ArgumentParser) -> None:
     from agentbatch.scheduling import registry
 
     g = p.add_argument_group("scheduling (defaults: those of `agentbatch run`)")
-    g.add_argument("--max-active", type=_positive_int, default=DEFAULTS.max_active_samples,
+    g.add_argument("--max-active", type=positive_int, default=DEFAULTS.max_active_samples,
                    help="samples admitted at once (the reference concurrency; see `agentbatch plan`)")
-    g.add_argument("--env-slots", type=_positive_int, default=DEFAULTS.env_slots,
+    g.add_argument("--env-slots", type=positive_int, default=DEFAULTS.env_slots,
                    help="environment actions running at once")
-    g.add_argument("--per-worker-inflight", type=_positive_int, default=DEFAULTS.per_worker_inflight,
+    g.add_argument("--per-worker-inflight", type=positive_int, default=DEFAULTS.per_worker_inflight,
                    help="inference requests in flight per engine worker")
     g.add_argument("--coupled", action=argparse.BooleanOptionalAction, default=DEFAULTS.coupled,
                    help="baseline: a sample holds an environment slot while admitted")
@@ -79,6 +60,10 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--policy-param", action="append", default=[], metavar="WHAT.KEY=VALUE",
                    help="policy parameter (JSON value), WHAT in router, env_queue, inference_queue, priority; "
                    "e.g. router.balance_abs=16, env_queue.max_wait_s=300, priority.use_prior=true")
+    g.add_argument("--policy", default="configured", metavar="NAME",
+                   help="live mode: scheduling.policy: 'configured' (these flags, pinned), 'auto' (choose from the "
+                   "policy portfolio by simulating it on earlier batches of these tasks in the store) or a "
+                   "candidate's name (`agentbatch whatif --policy list`)")
     g.add_argument("--priors", type=Path, default=None,
                    help="an earlier trace of the same tasks: its chain lengths are the history priors "
                    "(caas_history, priority.use_prior, --admission-order longest_prior_first)")
@@ -97,13 +82,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1); repeat for more workers")
     p.add_argument("--model", default="default", help="model name sent to the endpoints")
     p.add_argument("--profile", default="llama3-8b-h100", help="simulated engine profile (name or .json)")
-    p.add_argument("--workers", type=_positive_int, default=2, help="simulated engine workers")
+    p.add_argument("--workers", type=positive_int, default=2, help="simulated engine workers")
     p.add_argument("--inference", choices=("engine", "recorded"), default="engine",
                    help="virtual mode: inference on the engine model, or each call its recorded duration")
-    p.add_argument("--time-scale", type=_positive_float, default=1.0,
+    p.add_argument("--time-scale", type=positive_float, default=1.0,
                    help="multiply recorded environment durations (and, live with the simulated engine, its "
                    "speed: 0.1 runs ten times faster than real time)")
-    p.add_argument("--samples", type=_positive_int, default=None, help="replay only the first N samples (None: all)")
+    p.add_argument("--samples", type=positive_int, default=None, help="replay only the first N samples (None: all)")
     p.add_argument("--seed", type=int, default=0,
                    help="recorded with the result; the replay itself is deterministic and draws no random numbers")
     p.add_argument("--json", action="store_true", help="virtual mode: print the summary as JSON")
@@ -230,7 +215,7 @@ def live_batch_config(args: argparse.Namespace, params: dict[str, dict[str, Any]
         "scheduling": {
             "max_active_samples": args.max_active, "env_slots": args.env_slots, "coupled": args.coupled,
             "per_worker_inflight": args.per_worker_inflight, "admission_order": args.admission_order,
-            "admission_control": args.admission_control, "priors": priors, **{k: {"name": getattr(args, k), "params": params[k]} for k in POLICY_KINDS},
+            "admission_control": args.admission_control, "priors": priors, "policy": args.policy, **{k: {"name": getattr(args, k), "params": params[k]} for k in POLICY_KINDS},
         },
         "limits": {"max_steps": 100_000},
     })  # fmt: skip

@@ -1,0 +1,166 @@
+"""`scheduling.policy`: which policy a live batch runs.
+
+- "auto" (the default): before the batch, simulate every candidate of the policy portfolio
+  (scheduling/portfolio.py, the strong baselines among them) in virtual time on the batch's own
+  tasks as earlier batches in the store recorded them (one ensemble member per earlier batch, its
+  recorded tool durations and token counts; the chain-length priors the batch runs with), on the
+  configured engine workers, environment slots and admission limit (N_ref), and run the one the
+  minimax rule picks (sim/portfolio.py `decide`). It needs an engine model: the engine config's
+  simulated timing profile (`timing.profile`, `timing.time_scale`: the replay engine or a serve-sim
+  pool described the same way). Without one, or without history of these tasks, the configured
+  policy runs and the choice says why.
+- "configured": the scheduling fields run as written.
+- a candidate's name: that candidate.
+
+The choice (each candidate's predicted makespans, the rule, the time spent deciding) is logged,
+returned for the run's summary and published as a Prefect artifact (key `policy-choice`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from agentbatch.flows.config import BatchConfig
+from agentbatch.scheduling.portfolio import Candidate
+
+log = logging.getLogger("agentbatch.policy")
+HISTORY_BATCHES = 3  # earlier batches of the same tasks simulated at most (ensemble members)
+
+
+@dataclass
+class PolicyChoice:
+    """What ran and why: `summary` is the run summary's `policy` section."""
+
+    config: BatchConfig
+    summary: dict[str, Any]
+
+
+def choose_policy(config: BatchConfig, store: Any, batch_id: int, task_ids: list[str], workers: int,
+                  priors: dict[str, float]) -> PolicyChoice:
+    """The config the batch runs with, after `scheduling.policy` (module docstring)."""
+    from agentbatch.sim.portfolio import portfolio
+
+    policy = config.scheduling.policy
+    if policy == "configured":
+        return PolicyChoice(config, {"mode": "configured", "chosen": "configured"})
+    if policy != "auto":
+        cand = next(c for c in portfolio() if c.name == policy)
+        return PolicyChoice(apply_candidate(config, cand, len(task_ids)), {"mode": "named", "chosen": policy})
+    why, members = _auto_inputs(config, store, batch_id, task_ids, priors)
+    if why:
+        log.info("batch %s: policy auto: %s; running the configured policy", batch_id, why)
+        return PolicyChoice(config, {"mode": "auto", "chosen": "configured", "reason": why})
+    return _decide(config, members, workers, len(task_ids), priors, batch_id)
+
+
+def _decide(config: BatchConfig, members: list[Any], workers: int, samples: int, priors: dict[str, float],
+            batch_id: int) -> PolicyChoice:
+    from agentbatch.sim.portfolio import decide
+
+    d = decide(members, engine_base(config, workers), n_ref=config.scheduling.max_active_samples)
+    summary = d.to_dict()
+    log.info("batch %s: policy auto chose %r (score %.3f vs best baseline %r %.3f; %d simulation(s) on %d earlier "
+             "run(s) in %.2fs)", batch_id, d.choice.name, d.choice.score, d.choice.fallback, d.choice.fallback_score,
+             d.simulations, d.members, d.decide_s)  # fmt: skip
+    chosen = apply_candidate(config, d.chosen, samples)
+    scheduling = chosen.scheduling.model_copy(update={"choice": summary})
+    return PolicyChoice(chosen.model_copy(update={"scheduling": scheduling}), summary)
+
+
+def engine_model(config: BatchConfig) -> tuple[str, float] | None:
+    """(profile, time scale) of the engine config's simulated timing, None when it names none."""
+    timing = config.engine.params.get("timing")
+    if isinstance(timing, dict) and timing.get("profile"):
+        return str(timing["profile"]), float(timing.get("time_scale") or 1.0)
+    return None
+
+
+def engine_base(config: BatchConfig, workers: int) -> Any:
+    from agentbatch.sim.virtual_time import VirtualConfig
+
+    model = engine_model(config)
+    assert model is not None
+    profile, scale = model
+    s = config.scheduling
+    # recorded tool durations are wall seconds; the engine model runs in engine seconds
+    return VirtualConfig(workers=max(1, workers), profile=profile, env_slots=s.env_slots,
+                         max_active=s.max_active_samples, env_time_scale=1.0 / scale)  # fmt: skip
+
+
+def _auto_inputs(config: BatchConfig, store: Any, batch_id: int, task_ids: list[str],
+                 priors: dict[str, float]) -> tuple[str | None, list[Any]]:
+    """Why auto cannot choose (or None) and the ensemble it simulates."""
+    from agentbatch.sim.portfolio import Member
+    from agentbatch.sim.virtual_time.simulation import context_priors
+
+    if engine_model(config) is None:
+        return "the engine config names no simulated timing profile to predict with", []
+    traces = history_traces(store, batch_id, set(task_ids))
+    if not traces:
+        return "no earlier batch in the store ran these tasks", []
+    contexts = context_priors(*traces)
+    return None, [Member(t, dict(priors) or None, contexts) for t in traces]
+
+
+def history_traces(store: Any, batch_id: int, task_ids: set[str]) -> list[Any]:
+    """The latest earlier finished batches that ran these tasks, as traces of those samples."""
+    from agentbatch.db.models import BatchStatus
+    from agentbatch.db.trace_io import export_batch
+
+    out = []
+    finished = (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_FAILURES)
+    for row in reversed(store.list_batches()):
+        if len(out) >= HISTORY_BATCHES:
+            break
+        if row.id == batch_id or row.status not in finished:
+            continue
+        trace = export_batch(store, row.id)
+        trace.samples = [s for s in trace.samples if s.task_id in task_ids and s.status == "completed"]
+        if trace.samples:
+            out.append(trace)
+    return out
+
+
+def apply_candidate(config: BatchConfig, c: Candidate, samples: int) -> BatchConfig:
+    """The config with the candidate's scheduling (its limit rule on this batch; N_ref = the configured
+    admission limit); baselines run without the priors, as in virtual time."""
+    s = config.scheduling
+    limit = c.admission_limit(samples=samples, env_slots=s.env_slots, n_ref=s.max_active_samples)
+    update: dict[str, Any] = {
+        "policy": c.name, "coupled": c.coupled, "max_active_samples": limit,
+        "admission_order": c.admission_order, "admission_control": c.admission_control,
+        "env_queue": s.env_queue.model_copy(update={"name": c.env_queue, "params": dict(c.env_queue_params)}),
+        "inference_queue": s.inference_queue.model_copy(update={"name": c.inference_queue, "params": {}}),
+        "router": s.router.model_copy(update={"name": c.router, "params": {}}),
+        "priority": s.priority.model_copy(update={"name": c.priority, "params": {}}),
+    }  # fmt: skip
+    if not c.uses_priors:
+        update["priors"] = {}
+    return config.model_copy(update={"scheduling": s.model_copy(update=update)})
+
+
+async def publish_choice(summary: dict[str, Any]) -> None:
+    """The choice as a Prefect markdown artifact of the flow run (nothing outside a flow run)."""
+    from prefect.artifacts import acreate_markdown_artifact
+    from prefect.context import FlowRunContext
+
+    if FlowRunContext.get() is None or summary.get("mode") != "auto":
+        return
+    await acreate_markdown_artifact(key="policy-choice", markdown=choice_markdown(summary),
+                                    description="scheduling.policy: auto")
+
+
+def choice_markdown(summary: dict[str, Any]) -> str:
+    lines = [f"**policy auto** chose **{summary['chosen']}**"]
+    if "reason" in summary:
+        return lines[0] + f": {summary['reason']}"
+    lines[0] += (f" (score {summary['score']}, best baseline {summary['fallback']} {summary['fallback_score']}; "
+                 f"{summary['simulations']} simulations on {summary['members']} earlier run(s) in {summary['decide_s']} s)")
+    lines += ["", f"Rule: {summary['rule']}.", "", "| candidate | baseline | predicted makespan (s) | score |",
+              "|---|---|---|---|"]  # fmt: skip
+    for r in summary["candidates"]:
+        preds = ", ".join("cut" if p is None else f"{p:.1f}" for p in r["predicted_makespan_s"])
+        lines.append(f"| {r['name']} | {r['baseline'] or ''} | {preds} | {r['score'] if r['score'] is not None else 'cut'} |")
+    return "\n".join(lines)

@@ -1,0 +1,62 @@
+"""`scheduling.policy` in a live batch: auto simulates the portfolio on the earlier batches of the same
+tasks and runs the choice (kept in the stored config: a resume runs it again, the report shows it);
+a candidate's name runs that candidate; without an engine model auto says why and runs the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from agentbatch.db.store import Store
+from agentbatch.flows.cli import main as cli
+from agentbatch.flows.config import BatchConfig
+from agentbatch.flows.policy_choice import choice_markdown, choose_policy
+from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES
+from agentbatch.traces import generate, write_trace
+
+NAMES = {c.name: c for c in BUILTIN_CANDIDATES}
+
+
+def _replay(trace: Path, db: str, policy: str) -> None:
+    assert cli(["replay", str(trace), "--mode", "live", "--engine", "simulated", "--workers", "2",
+                "--time-scale", "0.005", "--env-slots", "2", "--max-active", "4", "--policy", policy, "--db", db]) == 0
+
+
+def test_auto_chooses_from_history_and_a_name_runs_that_candidate(tmp_path: Path, sqlite_url: str) -> None:
+    trace = tmp_path / "m.parquet"
+    write_trace(generate("mcp_like", 6, seed=7), trace)
+    _replay(trace, sqlite_url, "configured")  # the history
+    _replay(trace, sqlite_url, "auto")
+    _replay(trace, sqlite_url, "decoupled FIFO, all admitted")
+    store = Store(sqlite_url)
+    try:
+        first, auto, named = (b.config["scheduling"] for b in store.list_batches())
+        assert first["policy"] == "configured" and first["choice"] is None and first["max_active_samples"] == 4
+        choice = auto["choice"]
+        assert choice["mode"] == "auto" and choice["members"] == 1 and choice["chosen"] in NAMES
+        assert auto["policy"] == choice["chosen"]
+        assert {r["name"] for r in choice["candidates"]} >= {c.name for c in BUILTIN_CANDIDATES if c.baseline}
+        picked = NAMES[choice["chosen"]]
+        assert auto["coupled"] == picked.coupled and auto["env_queue"]["name"] == picked.env_queue
+        assert auto["admission_control"] == picked.admission_control
+        assert "policy auto" in choice_markdown(choice) and choice["chosen"] in choice_markdown(choice)
+        assert named["policy"] == "decoupled FIFO, all admitted" and named["coupled"] is False
+        assert named["max_active_samples"] == 6 and named["env_queue"]["name"] == "fifo" and named["priors"] == {}
+        assert all(s.status == "completed" for b in store.list_batches() for s in store.samples(b.id))
+    finally:
+        store.close()
+
+
+def test_auto_without_an_engine_model_runs_the_configured_policy() -> None:
+    config = BatchConfig.model_validate({"engine": {"kind": "scripted"}})
+    assert config.scheduling.policy == "auto"  # the default
+    choice = choose_policy(config, store=None, batch_id=1, task_ids=["a", "b"], workers=1, priors={})
+    assert choice.config is config
+    assert choice.summary["chosen"] == "configured" and "no simulated timing profile" in choice.summary["reason"]
+
+
+def test_an_unknown_policy_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match="scheduling.policy"):
+        BatchConfig.model_validate({"scheduling": {"policy": "fastest please"}})
