@@ -108,13 +108,20 @@ def load(store: Any, batch_id: int) -> Recorded:
                          "whatif replays a finished batch")
     config = from_stored(row.config)
     trace = export_batch(store, batch_id)
-    # the engine workers that served it: those its inference steps name
-    workers = {st.worker for s in trace.samples for st in s.steps if st.kind == "inference" and st.worker}
-    makespan = max(s.finished_at for s in done) - min(s.admitted_at for s in done)
     admitted = sorted(s.admitted_at for s in done)
-    gaps = [b - a for a, b in zip(admitted, admitted[1:], strict=False)]
-    return Recorded(trace, dict(config.get("scheduling") or {}), dict(config.get("engine") or {}), len(workers),
-                    makespan, runner_cost(trace), statistics.median(gaps) if gaps else 0.0)  # fmt: skip
+    makespan = max(s.finished_at for s in done) - admitted[0]
+    return Recorded(trace, dict(config.get("scheduling") or {}), dict(config.get("engine") or {}),
+                    _engine_workers(trace), makespan, runner_cost(trace), _median_gap(admitted))  # fmt: skip
+
+
+def _engine_workers(trace: Any) -> int:
+    """The engine workers that served the batch: those its inference steps name."""
+    return len({st.worker for s in trace.samples for st in s.steps if st.kind == "inference" and st.worker})
+
+
+def _median_gap(times: list[float]) -> float:
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    return statistics.median(gaps) if gaps else 0.0
 
 
 def runner_cost(trace: Any) -> float:
