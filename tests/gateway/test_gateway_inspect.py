@@ -91,7 +91,7 @@ def test_inspect_eval_with_epochs_runs_through_the_gateway(sqlite_url, tmp_path)
         assert [(s.kind, s.status) for s in mine] == [("inference", "completed"), ("environment", "completed"),
                                                       ("inference", "completed")]
         word = WORDS[key.split("/")[1]]
-        assert mine[1].request["arguments"] == {"text": word}
+        assert mine[1].request["calls"] == [{"name": "echo", "server": PROBE.name, "arguments": {"text": word}}]
         history = [m for s in mine if s.kind == "inference" for m in s.request["messages"]]
         assert history[0]["content"] == f"echo {word}"  # its own conversation, whole
         assert any(m["role"] == "tool" and m["content"] == word for m in history)
