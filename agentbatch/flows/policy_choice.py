@@ -109,7 +109,7 @@ def history_traces(store: Any, batch_id: int, task_ids: set[str]) -> list[Any]:
     from agentbatch.db.models import BatchStatus
     from agentbatch.db.trace_io import export_batch
 
-    out = []
+    out: list[Any] = []
     finished = (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_FAILURES)
     for row in reversed(store.list_batches()):
         if len(out) >= HISTORY_BATCHES:

@@ -165,7 +165,8 @@ def base_config(rec: Recorded, args: argparse.Namespace) -> Any:
         per_worker_inflight=int(s.get("per_worker_inflight", DEFAULTS.per_worker_inflight)),
         coupled=bool(s.get("coupled", DEFAULTS.coupled)), admission_order=s.get("admission_order", DEFAULTS.admission_order),
         admission_control=s.get("admission_control", DEFAULTS.admission_control), priors=s.get("priors") or None,
-        **policies,
+        router=policies["router"], env_queue=policies["env_queue"], inference_queue=policies["inference_queue"],
+        priority=policies["priority"],
     )  # fmt: skip
 
 
@@ -176,7 +177,8 @@ def predict(rec: Recorded, args: argparse.Namespace) -> dict[str, Any]:
 
     _, scale = _engine_speed(rec, args)
     same = base_config(rec, args)
-    changed, what = same, []
+    changed = same
+    what: list[str] = []
     if args.env_slots is not None:
         changed, what = replace(changed, env_slots=args.env_slots), [*what, f"{args.env_slots} environment slots"]
     if args.workers is not None:
