@@ -1,0 +1,282 @@
+"""Orchestration cost at cluster rates: client CPU per step on the real HTTP path, in one run.
+
+A fake OpenAI-compatible worker (`--serve-fake PORT`: this file run as its own process) answers every
+chat request at once with a fixed assistant turn that calls a tool; it stands in for the *speed* of a
+vLLM node (hundreds of answers a second), not its behaviour (no tokenizer, no batching, no cache).
+What is measured is the CPU of the agentbatch process itself, in CPU seconds (resource.getrusage of
+that process, or psutil for the gateway's), not wall time, so the figures hold on a loaded machine:
+
+- `run` in each execution mode (chains = the visible default, steps, lean): a recorded `mcp_like`
+  batch replayed live (`agentbatch replay --mode live`'s config: engine `replay` over `openai`, the
+  recorded environment at time scale 0) against two fake workers; conversations of 8-32 k tokens
+  (a 8 k-token system prompt, observations appended each step) and 16 tool schemas.
+- `agentbatch gateway` (1 process; `--processes` does not exist yet) in front of the fake worker and
+  the probe MCP server: concurrent clients send growing 8 k+ token conversations to /v1/chat/completions,
+  then `echo` tool calls through /mcp. The gateway's CPU per request and per tool call.
+
+Last line: `runner ms/step A (visible) B (lean); gateway req/s/core C; tool calls/s/core D`.
+
+    .venv/bin/python bench/cluster_rate.py [--samples 24] [--requests 400] [--tool-calls 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+for key, value in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
+                   "PREFECT_LOGGING_TO_API_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}.items():
+    os.environ.setdefault(key, value)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+SYSTEM_TOKENS = 8000  # every conversation starts at 8 k tokens and grows with its observations
+TOOLS = 16
+
+
+def tool_schemas(n: int = TOOLS) -> list[dict[str, Any]]:
+    """n realistic function schemas (a few typed parameters each, descriptions)."""
+    return [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": f"Tool {i}: looks up records in service {i} and returns them as JSON.",
+        "parameters": {"type": "object", "required": ["query"], "properties": {
+            "query": {"type": "string", "description": "what to look up"},
+            "limit": {"type": "integer", "description": "at most this many records", "default": 10},
+            "fields": {"type": "array", "items": {"type": "string"}, "description": "fields to return"},
+            "strict": {"type": "boolean", "description": "exact matches only"}}}}} for i in range(n)]
+
+
+# --- the fake worker ------------------------------------------------------------------------------------
+
+def serve_fake(port: int) -> None:
+    """A raw-asyncio HTTP/1.1 server (keep-alive) answering POST /chat/completions at once."""
+    answer = {"role": "assistant", "content": "Looking it up. " * 8, "tool_calls": [{
+        "id": "call_0", "type": "function", "function": {"name": "tool_0", "arguments": '{"query": "x"}'}}]}
+
+    def reply(body: bytes) -> bytes:
+        try:
+            max_tokens = json.loads(body).get("max_tokens") or 32
+        except ValueError:
+            return b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n"
+        data = json.dumps({"id": "fake", "object": "chat.completion", "model": "fake", "choices": [
+            {"index": 0, "message": answer, "finish_reason": "tool_calls"}], "usage": {
+            "prompt_tokens": len(body) // 5, "completion_tokens": max_tokens,
+            "total_tokens": len(body) // 5 + max_tokens}}).encode()
+        return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data)) + data
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length) if length else b""
+                if head.startswith(b"GET"):
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                else:
+                    writer.write(reply(body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def fake_worker(stack: ExitStack, tmp: Path, name: str) -> str:
+    from gateway_overhead import free_port, process
+
+    port = free_port()
+    stack.enter_context(process([str(Path(__file__).resolve()), "--serve-fake", str(port)],
+                                f"http://127.0.0.1:{port}/health", tmp / f"{name}.log"))
+    return f"http://127.0.0.1:{port}/v1"
+
+
+# --- run, in each execution mode ------------------------------------------------------------------------
+
+def long_trace(samples: int, path: Path) -> Path:
+    """The mcp_like family with an 8 k-token system prompt and 16 tool schemas on every sample."""
+    from agentbatch.traces.conversation import filler, initial_messages
+    from agentbatch.traces.generators import generate, get_family
+    from agentbatch.traces.parquet import write_trace
+
+    trace = generate(get_family("mcp_like"), samples, seed=3)
+    system = filler(SYSTEM_TOKENS, "system/cluster-rate")
+    for s in trace.samples:
+        opening = initial_messages(s)
+        s.messages = [{"role": "system", "content": system}, opening[-1]]
+        s.tools = tool_schemas()
+    return write_trace(trace, path)
+
+
+def run_config(trace: Path, workers: list[str], mode: str) -> Any:
+    from agentbatch.flows.config import BatchConfig
+
+    return BatchConfig.model_validate({
+        "name": f"cluster-rate-{mode}",
+        "workload": {"kind": "recorded", "params": {"trace": str(trace), "time_scale": 0.0}},
+        "engine": {"kind": "replay", "params": {"inner": "openai", "endpoints": [
+            {"name": f"worker-{i}", "base_url": u, "model": "fake"} for i, u in enumerate(workers)]}},
+        "scheduling": {"max_active_samples": 64, "env_slots": 16, "per_worker_inflight": 32},
+        "execution": {"mode": mode},
+        "limits": {"max_steps": 100_000},
+    })
+
+
+def cpu_s() -> float:
+    """This process's CPU time, every thread (the group writer's included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure_run(store: Any, trace: Path, workers: list[str], mode: str) -> tuple[float, float, int]:
+    """(wall s, client CPU s, steps) of one batch run in `mode`."""
+    from agentbatch.flows.batch import run_batch
+
+    wall, cpu = time.perf_counter(), cpu_s()
+    batch_id = run_batch(run_config(trace, workers, mode), store, show_progress=False)
+    wall, cpu = time.perf_counter() - wall, cpu_s() - cpu
+    steps = sum(1 for s in store.steps(batch_id) if s.status == "completed")
+    failed = [s.index for s in store.samples(batch_id) if s.status != "completed"]
+    assert not failed, f"{mode}: samples {failed} did not complete"
+    return wall, cpu, steps
+
+
+# --- the gateway ----------------------------------------------------------------------------------------
+
+async def drive_inference(url: str, requests: int, clients: int) -> None:
+    """`clients` conversations, each growing by one assistant turn and one observation per request."""
+    import httpx
+
+    from agentbatch.traces.conversation import filler
+
+    system = filler(SYSTEM_TOKENS, "system/cluster-rate")
+    tools = tool_schemas()
+    counter = iter(range(requests))
+
+    async def client_loop(http: httpx.AsyncClient, c: int) -> None:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": filler(400, f"task/{c}")}]
+        for i in counter:
+            r = await http.post(url + "/v1/chat/completions", json={
+                "model": "fake", "messages": messages, "tools": tools, "max_tokens": 64, "user": f"sample-{c}"})
+            assert r.status_code == 200, r.text
+            messages = [*messages, r.json()["choices"][0]["message"],
+                        {"role": "tool", "tool_call_id": "call_0", "content": filler(300, f"obs/{c}/{i}")}]
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
+        await asyncio.gather(*(client_loop(http, c) for c in range(clients)))
+
+
+async def drive_tools(url: str, calls: int, clients: int) -> None:
+    from mcp import Client
+
+    counter = iter(range(calls))
+    async with Client(url + "/mcp") as mcp:
+        names = [t.name for t in (await mcp.list_tools()).tools]
+        echo = next(n for n in names if n.endswith("echo"))
+
+        async def client_loop(c: int) -> None:
+            for i in counter:
+                await mcp.call_tool(echo, {"text": f"call {i}"}, meta={"agentbatch/sample": f"tools-{c}"})
+
+        await asyncio.gather(*(client_loop(c) for c in range(clients)))
+
+
+def measure_gateway(tmp: Path, stack: ExitStack, worker: str, args: argparse.Namespace) -> dict[str, float]:
+    import psutil
+    from gateway_makespan import probe_server
+    from gateway_overhead import gateway
+
+    probe = stack.enter_context(probe_server(tmp))
+    gw = stack.enter_context(gateway(tmp, {"w0": worker}, {"max_active_samples": 1024, "per_worker_inflight": 256,
+                                                           "env_slots": 64}, [f"probe={probe}"]))
+    proc = psutil.Process(stack_pid(gw))
+    out = {}
+    for name, run in (("inference", lambda: drive_inference(gw, 20, 4)),  # warm-up
+                      ("inference", lambda: drive_inference(gw, args.requests, args.clients)),
+                      ("tools", lambda: drive_tools(gw, 20, 4)),
+                      ("tools", lambda: drive_tools(gw, args.tool_calls, args.clients))):
+        before, wall = proc.cpu_times(), time.perf_counter()
+        asyncio.run(run())
+        after = proc.cpu_times()
+        out[name] = (after.user + after.system - before.user - before.system, time.perf_counter() - wall)
+    return {"req_cpu_s": out["inference"][0], "req_wall_s": out["inference"][1],
+            "tool_cpu_s": out["tools"][0], "tool_wall_s": out["tools"][1]}
+
+
+def stack_pid(base_url: str) -> int:
+    """The pid of the process listening on base_url's port."""
+    import psutil
+
+    port = int(base_url.rsplit(":", 1)[1])
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+            return conn.pid
+    raise RuntimeError(f"no process listens on {base_url}")
+
+
+# --- main -----------------------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=24, help="samples of the recorded batch per mode")
+    parser.add_argument("--requests", type=int, default=400, help="inference requests through the gateway")
+    parser.add_argument("--tool-calls", type=int, default=400, help="tool calls through the gateway's /mcp")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent gateway clients")
+    parser.add_argument("--modes", default="chains,steps,lean", help="execution modes of `run` to measure")
+    parser.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_fake:
+        serve_fake(args.serve_fake)
+        return 0
+    from agentbatch.db.store import Store
+
+    load = os.getloadavg()
+    modes = [m for m in args.modes.split(",") if m]
+    with tempfile.TemporaryDirectory(prefix="agentbatch-cluster-rate-") as tmpdir, ExitStack() as stack:
+        tmp = Path(tmpdir)
+        workers = [fake_worker(stack, tmp, f"fake-{i}") for i in range(2)]
+        trace = long_trace(args.samples, tmp / "trace.parquet")
+        store = Store(f"sqlite:///{tmp / 'runs.sqlite'}")
+        measure_run(store, long_trace(2, tmp / "warm.parquet"), workers, "steps")  # Prefect server, imports
+        rows = {mode: measure_run(store, trace, workers, mode) for mode in modes}
+        store.close()
+        gw = measure_gateway(tmp, stack, workers[0], args)
+    print(f"cluster rate: {args.samples} recorded mcp_like samples per mode (8 k-token system prompt, {TOOLS} tool "
+          f"schemas) against 2 fake OpenAI-compatible workers that answer at once; SQLite store")
+    print(f"machine: {os.cpu_count()} cores, load average before {load[0]:.2f} / after {os.getloadavg()[0]:.2f}")
+    print("| run mode | steps | wall s | client CPU s | CPU ms/step | steps/s per core |")
+    print("|---|---|---|---|---|---|")
+    for mode, (wall, cpu, steps) in rows.items():
+        print(f"| {mode} | {steps} | {wall:.2f} | {cpu:.2f} | {1000 * cpu / steps:.2f} | {steps / cpu:.0f} |")
+    req_rate, tool_rate = args.requests / gw["req_cpu_s"], args.tool_calls / gw["tool_cpu_s"]
+    print(f"gateway, 1 process, {args.clients} clients: {args.requests} chat requests in {gw['req_wall_s']:.2f} s "
+          f"wall, {gw['req_cpu_s']:.2f} CPU s ({1000 / req_rate:.2f} ms/request); {args.tool_calls} tool calls in "
+          f"{gw['tool_wall_s']:.2f} s wall, {gw['tool_cpu_s']:.2f} CPU s ({1000 / tool_rate:.2f} ms/call)")
+
+    def ms(mode: str) -> str:
+        return f"{1000 * rows[mode][1] / rows[mode][2]:.2f}" if mode in rows else "n/a"
+
+    print(f"runner ms/step {ms('chains')} (visible) {ms('lean')} (lean); gateway req/s/core {req_rate:.0f}; "
+          f"tool calls/s/core {tool_rate:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
