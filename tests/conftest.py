@@ -10,7 +10,6 @@ several test folders use are in testkit.py.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -113,9 +112,11 @@ def store(db_url) -> Iterator[Store]:
     s.close()
 
 
-# --- one Prefect server for the whole run, shared by every xdist worker -----------------------------------
-# The first worker that needs it starts it (under a file lock); the others reuse it; the controller
-# process (the one without `workerinput`, also a plain non-xdist run) stops it at the end.
+# --- one Prefect server per xdist worker (or for a plain run) -------------------------------------------
+# Started by a worker when its first test needs it, reused by its later tests; the controller process
+# (the one without `workerinput`, also a plain non-xdist run) stops them all at the end. One server per
+# worker, not one for all: a single SQLite-backed server under four workers' flows answered 503
+# (database locked) to some requests.
 _SHARED_DIR_ENV = "AGENTBATCH_TEST_SHARED_DIR"
 _OWNS_SHARED_DIR = pytest.StashKey[bool]()
 
@@ -130,7 +131,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config.stash.get(_OWNS_SHARED_DIR, False):
         shared = Path(os.environ.pop(_SHARED_DIR_ENV))
-        _stop_shared_server(shared)
+        _stop_servers(shared)
         shutil.rmtree(shared, ignore_errors=True)
 
 
@@ -154,26 +155,26 @@ def _start_server(home: Path) -> dict[str, object]:
     return {"url": url, "pid": proc.pid}
 
 
-def _shared_server(shared: Path) -> str:
-    """The run's server: started by whoever asks first (under a file lock), then reused."""
-    home = shared / "prefect-home"
+def _worker_server(shared: Path) -> tuple[str, Path]:
+    """This worker's server and its PREFECT_HOME: started on the first call, then reused."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    home = shared / f"prefect-home-{worker}"
     home.mkdir(exist_ok=True)
-    info_file = shared / "prefect-server.json"
-    with open(shared / "prefect-server.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not info_file.exists():
-            info_file.write_text(json.dumps(_start_server(home)))
+    info_file = shared / f"prefect-server-{worker}.json"
+    if not info_file.exists():
+        info_file.write_text(json.dumps(_start_server(home)))
     url = json.loads(info_file.read_text())["url"]
     if not answers(f"{url}/health"):
         raise RuntimeError(f"the tests' Prefect server at {url} is down; see {home / 'server.log'}")
-    return url
+    return url, home
 
 
-def _stop_shared_server(shared: Path) -> None:
-    info_file = shared / "prefect-server.json"
-    if not info_file.exists():
-        return
-    pid = json.loads(info_file.read_text())["pid"]
+def _stop_servers(shared: Path) -> None:
+    for info_file in sorted(shared.glob("prefect-server-*.json")):
+        _stop_server(json.loads(info_file.read_text())["pid"])
+
+
+def _stop_server(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
         # Not our child when a worker started it: poll until its process group is gone.
@@ -196,22 +197,21 @@ def _group_alive(pgid: int) -> bool:
 
 @pytest.fixture(scope="session")
 def prefect_api() -> Iterator[str]:
-    """A real Prefect server for the run (unless PREFECT_API_URL points at one already).
+    """A real Prefect server for this worker's tests (unless PREFECT_API_URL points at one already).
 
-    One server for every flow the tests run, in-process or in subprocesses (they inherit the
-    environment), and for every xdist worker, instead of a temporary server per process: those are
-    slow to start on a loaded 2-core machine and lose most task-run records when their process ends.
+    One server for every flow the worker's tests run, in-process or in subprocesses (they inherit
+    the environment), instead of a temporary server per process: those are slow to start on a loaded
+    2-core machine and lose most task-run records when their process ends.
     """
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    shared = Path(os.environ[_SHARED_DIR_ENV])
-    url = _shared_server(shared)
+    url, home = _worker_server(Path(os.environ[_SHARED_DIR_ENV]))
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
     os.environ["PREFECT_API_URL"] = url  # for subprocesses
-    os.environ["PREFECT_HOME"] = str(shared / "prefect-home")
+    os.environ["PREFECT_HOME"] = str(home)
     try:
         with temporary_settings(updates={PREFECT_API_URL: url}):  # for this process (settings are cached)
             yield url
