@@ -12,7 +12,7 @@ The live runner spends time of its own on every step (the HTTP round trip and to
 the store's commit, the gap until the sample's next step is queued) and starts the sample chains
 one after another; on a busy machine that is a large share of a short batch. Both are measured from
 the recorded steps (the time an inference call took beyond the engine's own prefill, decode and
-queue, plus the gap to the sample's next step, averaged over all steps; the median spacing of the
+queue, plus the gap until the sample's next step is queued, averaged over all steps; the median spacing of the
 samples' admissions) and replayed as `VirtualConfig.step_latency_s` and `sample_start_s`, so the
 prediction models the runner that recorded the batch.
 
@@ -126,8 +126,8 @@ def _median_gap(times: list[float]) -> float:
 
 def runner_cost(trace: Any) -> float:
     """Mean wall seconds per step the runner spent beyond the engine's and the tool's own time: an
-    inference call's duration less its prefill, decode and engine queue, plus the gap before the
-    sample's next step."""
+    inference call's duration less its prefill, decode and engine queue, plus the gap until the
+    sample's next step is queued."""
     total, steps = 0.0, 0
     for s in trace.samples:
         for i, st in enumerate(s.steps):
@@ -135,8 +135,9 @@ def runner_cost(trace: Any) -> float:
             if st.kind == "inference" and st.prefill_s is not None:
                 engine = (st.prefill_s or 0.0) + (st.decode_s or 0.0) + (st.engine_queue_s or 0.0)
                 total += max(0.0, (st.duration_s or 0.0) - engine)
-            if i + 1 < len(s.steps) and s.steps[i + 1].started_at is not None and st.finished_at is not None:
-                total += max(0.0, s.steps[i + 1].started_at - st.finished_at)
+            nxt = s.steps[i + 1] if i + 1 < len(s.steps) else None
+            if nxt is not None and nxt.enqueued_at is not None and st.finished_at is not None:
+                total += max(0.0, nxt.enqueued_at - st.finished_at)  # not its wait for a slot: that is scheduling
     return total / steps if steps else 0.0
 
 
