@@ -33,8 +33,9 @@ def test_live_replay_has_the_run_defaults_and_pins_priors(traces: tuple[Path, Pa
     args = _args(str(now), "--mode", "live")
     sched = live_batch_config(args, _params(args)).scheduling
     defaults = BatchConfig().scheduling
-    assert sched.model_dump(exclude={"priors"}) == defaults.model_dump(exclude={"priors"})
+    assert sched.model_dump(exclude={"priors", "policy"}) == defaults.model_dump(exclude={"priors", "policy"})
     assert defaults.priors is None and sched.priors == {}  # run: the store's history; replay: pinned (none)
+    assert defaults.policy == "auto" and sched.policy == "configured"  # replay: the flags, pinned
 
     args = _args(str(now), "--mode", "live", "--priors", str(before), "--admission-order", "arrival",
                  "--env-queue", "caas_history", "--policy-param", "priority.use_prior=true", "--no-coupled")
