@@ -34,6 +34,7 @@ def run(store: Store, router: str) -> int:
         "engine": {"kind": "scripted", "params": {
             "workers": 2, "timing": {"kind": "simulated", "profile": "llama3-8b-h100", "time_scale": 1.0}}},
         "scheduling": {"max_active_samples": 8, "env_slots": ENV_SLOTS, "per_worker_inflight": 8,
+                       "policy": "configured",  # these policies, not the portfolio's choice from the first run
                        "router": {"name": router}, "env_queue": {"name": "caas"},
                        "priority": {"name": "chain_progress"}},
     })
