@@ -86,7 +86,7 @@ def registered(what: PluginKind) -> dict[str, str]:
 
 def _path_state() -> tuple[tuple[str, int | None], ...]:
     """sys.path with each entry's modification time: installing or removing a distribution changes it."""
-    state = []
+    state: list[tuple[str, int | None]] = []
     for entry in sys.path:
         try:
             state.append((entry, os.stat(entry or ".").st_mtime_ns))
