@@ -86,7 +86,7 @@ def _critical_table(a: BatchAnalysis) -> pd.DataFrame:
 
 
 def _summary_json(summaries: list[BatchSummary]) -> str:
-    return json.dumps([s.as_row() for s in summaries], indent=1, default=str)
+    return json.dumps([s.as_json() for s in summaries], indent=1, default=str)
 
 
 def _comparison_html(cmp: Comparison) -> str:
@@ -187,6 +187,7 @@ def _body(analyses: list[BatchAnalysis], summaries: list[BatchSummary], store: S
     href = transcript_href if linked else None
     parts = ["<h2>Summary</h2>", "<pre>" + html.escape("\n\n".join(s.to_text() for s in summaries)) + "</pre>",
              sections.hints_html(main), sections.config_html(analyses),  # what to change; what ran
+             sections.choice_html(analyses),  # why that policy ran (empty without a choice)
              _comparison_html(compare(analyses)) if len(analyses) > 1 else _figures_html(summaries[0])]
     if store is not None:  # score and makespan over the runs of the suite (dashboards/history.py)
         parts.append(_history_html(store, main.data.batch_id, charts))

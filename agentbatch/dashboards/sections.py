@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from agentbatch.dashboards import groups
+from agentbatch.dashboards import choice, groups
 from agentbatch.dashboards.analytics import BatchAnalysis
 
 # The knobs that decide a run's schedule, as (label, path in the stored config).
@@ -208,6 +208,13 @@ def config_html(analyses: list[BatchAnalysis]) -> str:
         parts.append(f"<details><summary>full config of {html.escape(a.data.title)}</summary>"
                      f"<pre>{html.escape(text)}</pre></details>")
     return _section("config", "Config and policies", "".join(parts))
+
+
+def choice_html(analyses: list[BatchAnalysis]) -> str:
+    """What `scheduling.policy: auto` chose for each batch that chose; "" when none did."""
+    parts = [choice.choice_html(a.data.title, a.data.key, c) for a in analyses
+             if (c := choice.stored_choice(a.data.config)) is not None]
+    return _section("policy-choice", "Policy choice", "".join(parts)) if parts else ""
 
 
 def linked_table(df: pd.DataFrame, table_id: str, column: str, href: Callable[[Any], str]) -> str:

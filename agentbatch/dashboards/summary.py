@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentbatch.dashboards.analytics import BatchAnalysis, CriticalSample
+from agentbatch.dashboards.choice import choice_json, choice_line, stored_choice
 from agentbatch.dashboards.frames import load_batch
 from agentbatch.dashboards.groups import GroupScore, group_line, group_scores
 from agentbatch.db.history import priors_used
@@ -38,6 +40,7 @@ class BatchSummary:
     dead_s: float = 0.0  # time the batch was stopped (analytics.dead_gaps), inside the makespan
     resumed: bool = False
     source: str = ""  # the store, when not the report's own (frames.BatchData.source)
+    policy_choice: dict[str, Any] | None = None  # what scheduling.policy auto chose (dashboards/choice.py)
 
     @property
     def title(self) -> str:
@@ -69,6 +72,13 @@ class BatchSummary:
             "score_mean": self.score_mean,
         }
         row.update({f"phase_{k}_s": v for k, v in self.phases.items()})
+        return row
+
+    def as_json(self) -> dict[str, Any]:
+        """summary.json's entry: the figures, and `policy_choice` when auto chose the policy."""
+        row: dict[str, Any] = dict(self.as_row())
+        if self.policy_choice is not None:
+            row["policy_choice"] = choice_json(self.policy_choice)
         return row
 
     def _makespan_lines(self) -> list[str]:
@@ -106,6 +116,8 @@ class BatchSummary:
             lines.append(by_group)
         if self.priors:
             lines.append(f"  priors        {self.priors}")
+        if self.policy_choice is not None:
+            lines.append(choice_line(self.policy_choice))
         if self.critical:
             c = self.critical[0]
             lines.append(f"  last sample   {c.task_id} (id {c.sample_id}) finished at {c.finished_s:.1f} s after "
@@ -144,6 +156,7 @@ def summary_from_analysis(a: BatchAnalysis) -> BatchSummary:
         dead_s=a.dead_s,
         resumed=a.resumed,
         source=a.data.source,
+        policy_choice=stored_choice(a.data.config),
     )
 
 

@@ -1,0 +1,73 @@
+"""The policy `scheduling.policy: auto` chose for a batch (flows/policy_choice.py stores it in the
+batch config as `scheduling.choice`): one line of the text summary, an entry of summary.json and a
+report section. Batches that ran a configured or named policy have no choice, and show none."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+_COLUMNS = ("candidate", "baseline", "predicted makespan per earlier run (s)", "worst (s)", "score")
+
+
+def stored_choice(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The choice the batch's config carries, None when auto did not choose (or the batch predates it)."""
+    scheduling = config.get("scheduling")
+    choice = scheduling.get("choice") if isinstance(scheduling, dict) else None
+    if not isinstance(choice, dict) or choice.get("mode") != "auto" or "candidates" not in choice:
+        return None
+    return choice
+
+
+def worst_prediction(choice: dict[str, Any], name: str) -> float | None:
+    """A candidate's worst predicted makespan over the ensemble (what the minimax rule scores);
+    None when it is not listed or was cut in some member (it could not win there)."""
+    row = next((r for r in choice["candidates"] if r.get("name") == name), None)
+    preds = row.get("predicted_makespan_s") if row else None
+    if not preds or any(p is None for p in preds):
+        return None
+    return max(float(p) for p in preds)
+
+
+def _s(x: float | None) -> str:
+    return "cut" if x is None else f"{x:.1f} s"
+
+
+def choice_line(choice: dict[str, Any]) -> str:
+    """The text summary's `policy` line."""
+    chosen, fallback = choice["chosen"], choice["fallback"]
+    compare = (f"predicted {_s(worst_prediction(choice, chosen))} vs best baseline {fallback} "
+               f"{_s(worst_prediction(choice, fallback))}" if chosen != fallback
+               else f"the best baseline, predicted {_s(worst_prediction(choice, chosen))}")
+    return (f"  policy        auto chose {chosen} ({compare}, worst earlier run; score {choice['score']} vs "
+            f"{choice['fallback_score']}); decided in {choice['decide_s']:.2f} s ({choice['simulations']} "
+            f"simulations on {choice['members']} earlier run(s)); rule: {choice['rule']}")
+
+
+def choice_json(choice: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's `policy_choice`: the stored choice plus both worst predictions side by side."""
+    return {**choice, "chosen_predicted_s": worst_prediction(choice, choice["chosen"]),
+            "fallback_predicted_s": worst_prediction(choice, choice["fallback"])}
+
+
+def _row(r: dict[str, Any], chosen: str) -> str:
+    preds = r.get("predicted_makespan_s") or []
+    cells = (r.get("name"), r.get("baseline") or "",
+             ", ".join("cut" if p is None else f"{float(p):.1f}" for p in preds),
+             "cut" if any(p is None for p in preds) or not preds else f"{max(float(p) for p in preds):.1f}",
+             "cut" if r.get("score") is None else r["score"])
+    mark = ' class="good"' if r.get("name") == chosen else ""
+    return f"<tr{mark}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>"
+
+
+def choice_html(title: str, key: str, choice: dict[str, Any]) -> str:
+    """One batch's choice: the summary line and every candidate's predictions (cut = could not win)."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
+    rows = "".join(_row(r, choice["chosen"]) for r in choice["candidates"])
+    cpu = f", {choice['decide_cpu_s']:.2f} s CPU" if choice.get("decide_cpu_s") is not None else ""
+    return (f"<h3>{html.escape(title)}: ran {html.escape(str(choice['chosen']))}</h3>"
+            f"<p>Best baseline {html.escape(str(choice['fallback']))}; decided in {choice['decide_s']:.2f} s{cpu} "
+            f"({choice['simulations']} simulations on {choice['members']} earlier run(s)). Rule: "
+            f"{html.escape(str(choice['rule']))}. A cut prediction stopped where the candidate could no "
+            f"longer win.</p><table class=\"figures\" id=\"policy-choice-{html.escape(key)}\">"
+            f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
