@@ -8,8 +8,12 @@ so a `resume` right after a SIGKILL does not wait for the expiry.
 
 Claims are atomic: PostgreSQL selects the candidates `FOR UPDATE SKIP LOCKED` (two claimers never
 wait on, or take, the same row); SQLite serialises writers, so one conditional UPDATE is enough.
-The store's partial unique index on completed steps is the last line: even a process whose lease
-was taken over cannot record a step as completed a second time.
+Fencing: every claim by a new owner raises the sample's `lease_token`; the holder keeps the token it
+claimed with (`tokens`) and the step writer commits a write for the sample only if the row still
+carries that token, checked under lock in the write's own transaction (`db/writer.py`). A process
+whose lease was taken over (it was paused past the expiry) thus writes nothing more for the sample:
+its write fails with `LeaseLost`, and it lets the sample go. The store's partial unique index on
+completed steps stays as a last line.
 """
 
 from __future__ import annotations
@@ -21,12 +25,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Select, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select, update
 
 from agentbatch.db.models import Sample, SampleStatus, Step, StepStatus
 from agentbatch.db.store import Store
 
 UNFINISHED = (SampleStatus.PENDING, SampleStatus.RUNNING)
+
+
+class LeaseLost(BaseException):
+    """A write for a sample whose lease another process took over (its fencing token moved on).
+
+    A BaseException, as CancelledError is: no `except Exception` on the way up (step retries, the
+    handler that marks a sample failed) may turn it into a failure of a sample this process no longer
+    drives; `LeaseKeeper.run` lets the sample go."""
+
+    def __init__(self, sample_id: int) -> None:
+        super().__init__(f"sample {sample_id}: its lease was taken over by another process")
+        self.sample_id = sample_id
 
 
 def new_owner() -> str:
@@ -87,26 +103,31 @@ class SampleLeases:
         self.ttl_s = ttl_s
         self.clock = clock
         self._held: set[int] = set()
+        self.tokens: dict[int, int] = {}  # sample id -> the fencing token this process claimed it with
 
     # --- claiming --------------------------------------------------------------------------------
-    def _claimable(self, now: float) -> Select[int]:
+    def _claimable(self, now: float, new_only: bool = False) -> Select[int]:
+        free = or_(Sample.lease_owner.is_(None), Sample.lease_expires_at < now)
         return (
             select(Sample.id)
             .where(
                 Sample.batch_id == self.batch_id,
                 Sample.status.in_(UNFINISHED),
-                or_(Sample.lease_owner.is_(None), Sample.lease_owner == self.owner,
-                    Sample.lease_expires_at < now),
+                free if new_only else or_(free, Sample.lease_owner == self.owner),
             )
             .order_by(Sample.index)
         )
 
-    def claim(self, limit: int | None = None) -> list[Sample]:
-        """Lease up to `limit` unfinished samples nobody else holds (all when None); returns every
-        sample this object holds after the claim, in index order."""
+    def claim(self, limit: int | None = None, *, among: list[int] | None = None,
+              new_only: bool = False) -> list[Sample]:
+        """Lease up to `limit` unfinished samples nobody else holds (all when None), only among these
+        ids when given; `new_only`: not counting (nor extending) the ones this object holds already.
+        Returns every sample this object holds after the claim, in index order."""
         self._expire_dead_owners()
         now = self.clock()
-        candidates = self._claimable(now)
+        candidates = self._claimable(now, new_only)
+        if among is not None:
+            candidates = candidates.where(Sample.id.in_(among))
         if limit is not None:
             candidates = candidates.limit(limit)
         with self.store.session() as s, s.begin():
@@ -117,11 +138,14 @@ class SampleLeases:
                 ids = None
                 where = Sample.id.in_(candidates.scalar_subquery())
             if ids != []:
+                # a new owner raises the token; this owner's own leases keep theirs (only extended)
+                token = case((Sample.lease_owner == self.owner, Sample.lease_token), else_=Sample.lease_token + 1)
                 s.execute(update(Sample).where(where)
-                          .values(lease_owner=self.owner, lease_expires_at=now + self.ttl_s)
+                          .values(lease_owner=self.owner, lease_expires_at=now + self.ttl_s, lease_token=token)
                           .execution_options(synchronize_session=False))
         mine = self.store_samples(Sample.lease_owner == self.owner)
         self._held = {m.id for m in mine}
+        self.tokens.update((m.id, m.lease_token) for m in mine)
         return mine
 
     def _expire_dead_owners(self) -> None:

@@ -80,6 +80,8 @@ class Sample(Base):
     # The process driving the sample and until when (db/leases.py); null when nobody drives it.
     lease_owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
     lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Fencing token: +1 on every claim by a new owner; every write for the sample must carry the current one.
+    lease_token: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # `agentbatch retry` resets
     # An external-state environment step executing now (set before, cleared on completion): left set
     # by a crash, the step may have executed without being recorded (db/leases.py flag_in_flight).

@@ -1,7 +1,7 @@
 """The schema revision of a store: Alembic's configuration, the numbered chain of migrations, the ids
 stores were stamped with before the chain was numbered, and the SQLite backup taken before a migration.
 
-Migrations form one chain, `0001_initial` ... `0007_in_flight_step`. Until they were numbered, 0004 to
+Migrations form one chain, `0001_initial` ... `0008_lease_token`. Until they were numbered, 0004 to
 0007 were branches of their own (0005-0007 under other ids), and a store kept one row per branch head
 in `alembic_version`; `chain_revision` reads such a stamp as the position on the chain it amounts to.
 """

@@ -15,6 +15,12 @@ flight (those running longer than `show_after_s`), and a process that dies leave
 marked abandoned on resume. A begin with sample values (an external environment's `in_flight_step`)
 is committed before the step runs.
 
+Fencing: a writer given the lease tokens its process holds (`fences`: sample id -> token, from
+`db/leases.py`) commits a write for a fenced sample only if the sample's row carries that token, read
+under lock in the group's own transaction (PostgreSQL: `FOR UPDATE`; SQLite: after taking the write
+lock). A write for a sample whose lease was taken over is not applied; it fails with `LeaseLost` for
+its own writer only, the rest of the group commits.
+
 Writes of one sample keep their order: the queue is FIFO and a group applies its sample updates in
 arrival order (later values win). A group that fails is retried write by write, so one bad row fails
 only its own writer.
@@ -29,13 +35,14 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import BindParameter, Connection, bindparam, func, insert, update
+from sqlalchemy import BindParameter, Connection, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from agentbatch.db.leases import LeaseLost
 from agentbatch.db.models import Sample, Step
 from agentbatch.db.step_records import SampleKey, StepWrite, sample_id_of, sample_update
 from agentbatch.db.store import Store
@@ -73,6 +80,11 @@ class _Op:
     job: Job | None = None
     items: list[_Item] = field(default_factory=list)  # whose futures it resolves
     opens: tuple[Any, ...] | None = None  # the attempt whose `running` row it writes
+
+    def sample_id(self) -> int | None:
+        """The sample row the op writes for (None: a job, or a row not written yet)."""
+        key = self.sample if self.sample is not None else (self.insert or self.update or {}).get("sample_id")
+        return key if isinstance(key, int) else None
 
 
 @dataclass
@@ -137,6 +149,24 @@ def _apply_rows(conn: Connection, ops: list[_Op]) -> None:
         conn.execute(statement, rows)
 
 
+def fenced(conn: Connection, ops: list[_Op], fences: Mapping[int, int]) -> tuple[list[_Op], list[_Op]]:
+    """The ops whose sample this process still leases (its row carries the token claimed with), and
+    those it lost; the rows stay locked until the caller's transaction ends, so no claim slips between."""
+    ids = sorted({sid for op in ops if (sid := op.sample_id()) is not None and sid in fences})
+    if not ids:
+        return ops, []
+    cols = (_SAMPLES.c.id, _SAMPLES.c.lease_token)
+    if conn.dialect.name == "postgresql":
+        q: Any = select(*cols).where(_SAMPLES.c.id.in_(ids)).with_for_update()
+    else:  # SQLite: a write statement first, so the store's write lock is held and the read is the latest
+        q = update(_SAMPLES).where(_SAMPLES.c.id.in_(ids)).values(lease_token=_SAMPLES.c.lease_token).returning(*cols)
+    current = {sid: token for sid, token in conn.execute(q)}
+    lost = {sid for sid in ids if current.get(sid) != fences[sid]}
+    if not lost:
+        return ops, []
+    return ([op for op in ops if op.sample_id() not in lost], [op for op in ops if op.sample_id() in lost])
+
+
 def apply_ops(session: Session, ops: list[_Op]) -> list[Any]:
     """Apply the ops in order inside the caller's transaction; returns each job's result (None for rows)."""
     results: list[Any] = [None] * len(ops)
@@ -165,6 +195,8 @@ class StepWriter:
         self.show_after_s = show_after_s  # an attempt running longer gets a `running` row
         self.stats = WriterStats()
         self.errors = 0  # writes that failed (each logged)
+        self.fences: Mapping[int, int] = {}  # sample id -> lease token this process holds (db/leases.py)
+        self.lost = 0  # writes not applied: their sample's lease was taken over
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -316,9 +348,11 @@ class StepWriter:
         wake = _Wake()
         try:
             with self.store.session() as session, session.begin():
-                results = apply_ops(session, ops)
-            for op, result in zip(ops, results, strict=True):
+                kept, lost = fenced(session.connection(), ops, self.fences)
+                results = apply_ops(session, kept)
+            for op, result in zip(kept, results, strict=True):
                 self._done(op, result, None, wake)
+            self._lose(lost, wake)
         except Exception as exc:  # noqa: BLE001 - retried one by one below, each failing only itself
             log.debug("step writer: a group of %d failed (%s); retrying its writes one by one", len(ops), exc)
             self.stats.retried_groups += 1
@@ -333,13 +367,27 @@ class StepWriter:
     def _commit_one(self, op: _Op, wake: _Wake) -> None:
         try:
             with self.store.session() as session, session.begin():
-                (result,) = apply_ops(session, [op])
+                kept, lost = fenced(session.connection(), [op], self.fences)
+                results = apply_ops(session, kept)
         except Exception as exc:  # noqa: BLE001 - handed to whoever waits, and logged
             self.errors += 1
             log.warning("step writer: a write failed: %s", exc)
             self._done(op, None, exc, wake)
             return
-        self._done(op, result, None, wake)
+        if lost:
+            self._lose(lost, wake)
+        else:
+            self._done(op, results[0], None, wake)
+
+    def _lose(self, ops: list[_Op], wake: _Wake) -> None:
+        """Writes for samples whose lease was taken over: not applied; LeaseLost to whoever waits."""
+        for op in ops:
+            sid = op.sample_id()
+            assert sid is not None
+            self.lost += 1
+            log.info("step writer: sample %s is leased to another process now: a write for it was not applied", sid)
+            for item in op.items:
+                wake.add(item, None, LeaseLost(sid))
 
     def _done(self, op: _Op, result: Any, exc: BaseException | None, wake: _Wake) -> None:
         if op.opens is not None and exc is None:

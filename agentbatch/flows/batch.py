@@ -24,7 +24,7 @@ from prefect.context import FlowRunContext
 
 from agentbatch.dashboards.artifacts import BatchProgressArtifact, publish_batch_artifacts, write_report_if
 from agentbatch.db.history import suite_priors
-from agentbatch.db.leases import slot_share
+from agentbatch.db.leases import UNFINISHED, slot_share
 from agentbatch.db.models import BatchStatus, SampleStatus
 from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
@@ -35,7 +35,15 @@ from agentbatch.flows.config import BatchConfig, check_task_names
 from agentbatch.flows.crash_watch import watching
 from agentbatch.flows.identity import batch_tags, flow_run_name, slug, untagged_task_runs
 from agentbatch.flows.launch import launch_flow, prepare_launch, wait_for_prefect
-from agentbatch.flows.leased import BatchStopped, FailurePolicy, LeaseKeeper, finish, idle_run
+from agentbatch.flows.leased import (
+    BatchStopped,
+    ClaimWindow,
+    FailurePolicy,
+    LeaseKeeper,
+    finish,
+    idle_run,
+    window_size,
+)
 from agentbatch.flows.policy_choice import choose_policy, publish_choice
 from agentbatch.flows.prefect_server import PrefectApi
 from agentbatch.flows.progress import BatchWatch
@@ -183,6 +191,7 @@ class _LiveBatch:
     priors: dict[str, float] = field(default_factory=dict)
     total: int = 0
     policy: dict[str, Any] = field(default_factory=dict)  # what scheduling.policy ran (flows/policy_choice.py)
+    window: ClaimWindow | None = None  # run / resume: more samples claimed as these finish
 
 
 def _chosen_policy(config: BatchConfig, store: Store, batch_id: int, todo: list[Any],
@@ -209,6 +218,7 @@ class _Claim:
     config: BatchConfig
     keeper: LeaseKeeper
     todo: list[Any]  # the samples leased to this process
+    window: ClaimWindow | None = None
 
 
 def _claim(store: Store, batch_id: int, fail_on_error: str | None, claim_limit: int | None) -> _Claim:
@@ -217,9 +227,22 @@ def _claim(store: Store, batch_id: int, fail_on_error: str | None, claim_limit: 
         raise ValueError(f"no batch {batch_id} in {store.url}")
     config = BatchConfig.model_validate(from_stored(row.config))  # secret references resolved from the env
     keeper = LeaseKeeper(store, batch_id, FailurePolicy.parse(fail_on_error))
-    # claim_limit: take at most that many samples (scale-out workers, `agentbatch join`, claim in chunks)
-    todo = keeper.claim() if claim_limit is None else keeper.leases.claim(claim_limit)
-    return _Claim(config, keeper, todo)
+    # claim_limit: take at most that many samples (scale-out workers, `agentbatch join`, claim in chunks);
+    # else (run, resume) a window now and more as they finish (`_drive`), so joins can share the batch
+    if claim_limit is not None:
+        return _Claim(config, keeper, keeper.leases.claim(claim_limit))
+    size = window_size(config.scheduling.max_active_samples)
+    return _Claim(config, keeper, keeper.leases.claim(size), ClaimWindow(keeper.leases, size))
+
+
+def _settle_claimed(store: Store, keeper: LeaseKeeper, workload: Any, todo: list[Any]) -> list[Any]:
+    """Newly claimed samples ready to run: steps left `running` by a process that stopped are marked
+    abandoned, external steps cut short settled (`LeaseKeeper.settle_in_flight`)."""
+    abandoned = store.abandon_running(keeper.batch_id, [s.id for s in todo])  # only the samples leased here
+    if abandoned:
+        log.info("batch %s: %d step(s) were running when the last process stopped; retrying them",
+                 keeper.batch_id, abandoned)
+    return keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
 
 
 def batch_workload(store: Store, batch_id: int) -> EnvironmentFactory:
@@ -231,6 +254,20 @@ def batch_workload(store: Store, batch_id: int) -> EnvironmentFactory:
     return make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
 
 
+def _to_plan(store: Store, claim: _Claim) -> list[Any]:
+    """The samples the policy and the admission order are chosen for: those claimed, and under a
+    window every unfinished sample the run may claim later."""
+    return claim.todo if claim.window is None else store.samples(claim.keeper.batch_id, statuses=UNFINISHED)
+
+
+def _ordered_window(claim: _Claim, plan: AdmissionPlan) -> ClaimWindow | None:
+    """The claim window with the samples still to claim, in admission order."""
+    if claim.window is not None:
+        claimed = {s.id for s in claim.todo}
+        claim.window.order = [s.id for s in plan.todo if s.id not in claimed]
+    return claim.window
+
+
 def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFactory | None,
           use_prefect: bool) -> _LiveBatch:
     """Engines, the coordinator (bound to the flow's task runner) and the batch context; the workload
@@ -240,7 +277,7 @@ def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFacto
     if workload is None:
         workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
     engines = make_engines(config.engine.kind, config.engine.params, workload)
-    config, plan, policy = _chosen_policy(config, store, batch_id, todo, len(engines))
+    config, plan, policy = _chosen_policy(config, store, batch_id, _to_plan(store, claim), len(engines))
     coordinator = build_coordinator(config, [e.name for e in engines])
     ctx = FlowRunContext.get()
     if use_prefect and ctx is not None and isinstance(ctx.task_runner, CoordinatedTaskRunner):
@@ -248,18 +285,16 @@ def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFacto
     # Chains mode lists each committed step in Prefect as batched events (the flow starts and closes them).
     events = StepEvents(batch_id) if use_prefect and config.execution.mode == "chains" else None
     batch = batch_context(store, batch_id, config, workload, engines, coordinator, events)
+    batch.writer.fences = keeper.leases.tokens  # every write for a sample proves this process still leases it
     for e in engines:
         store.upsert_worker(batch_id, e.name, "engine", endpoint=getattr(e, "base_url", None))
-    abandoned = store.abandon_running(batch_id, [s.id for s in todo])  # only the samples leased here
-    if abandoned:
-        log.info("batch %s: %d step(s) were running when the last process stopped; retrying them", batch_id,
-                 abandoned)
-    todo = keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
+    todo = _settle_claimed(store, keeper, workload, todo)
     if config.scheduling.env_slots_scope == "batch":
         keeper.on_owners = env_slot_share(config.scheduling.env_slots, keeper, coordinator)
     live = _LiveBatch(config, keeper, todo, batch, engines, events, owned, total=len(store.samples(batch_id)),
                       policy=policy)  # fmt: skip
     live.todo, live.priors = _in_order(plan.todo, todo), plan.priors  # the order they queue for admission
+    live.window = _ordered_window(claim, plan)
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), live.total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")
@@ -329,7 +364,10 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         live.events.start()
     try:
         async with scraper or contextlib.nullcontext(), live.keeper:
-            await drive_all(live.keeper.run(s.id, drive(s)) for s in live.todo)
+            if live.window is None:
+                await drive_all(live.keeper.run(s.id, drive(s)) for s in live.todo)
+            else:
+                await _drive_window(live, drive)
     except BatchStopped as exc:  # --fail-on-error: the remaining samples stay resumable
         return str(exc)
     except BaseException as exc:
@@ -345,6 +383,40 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         if live.owns_workload:
             await batch.workload.aclose()
     return None
+
+
+async def _drive_window(live: _LiveBatch, drive: Callable[[Any], Any]) -> None:
+    """Run the claimed samples and claim more, in admission order, each time a quarter of the window
+    has finished, until none is left to claim and every sample claimed has ended."""
+    window = live.window
+    assert window is not None
+    active: set[int] = set()
+    ended = asyncio.Event()
+
+    async def one(sample: Any) -> None:
+        try:
+            await live.keeper.run(sample.id, drive(sample))
+        finally:
+            active.discard(sample.id)
+            ended.set()
+
+    def more() -> list[Any]:  # in a thread: claims and settles read and write the store
+        new = window.take(window.size - len(active))  # in admission order
+        return _in_order(new, _settle_claimed(live.batch.store, live.keeper, live.batch.workload, new))
+
+    async def feed(spawn: Callable[[Any], Any]) -> None:
+        while True:
+            if window.order and len(active) <= window.size - max(1, window.size // 4):
+                for sample in await asyncio.to_thread(more):
+                    active.add(sample.id)
+                    spawn(one(sample))
+            if not active and not window.order:
+                return
+            await ended.wait()
+            ended.clear()
+
+    active.update(s.id for s in live.todo)
+    await drive_all((one(s) for s in live.todo), feed=feed)
 
 
 async def execute_batch(store: Store, batch_id: int, *, workload: EnvironmentFactory | None = None,
@@ -371,7 +443,9 @@ async def _execute(store: Store, batch_id: int, live: _LiveBatch, config: BatchC
     """The claimed samples run to the end, and what the batch came to."""
     total, coordinator = live.total, live.batch.coordinator
     # The terminal bar or log lines, the store's heartbeat, logs to the flow run (flows/progress.py).
-    bar = BatchWatch.start(store, batch_id, total=total, done=total - len(live.todo), show_progress=show_progress,
+    counts = store.status_counts(batch_id)
+    done = counts.get(SampleStatus.COMPLETED, 0) + counts.get(SampleStatus.FAILED, 0)
+    bar = BatchWatch.start(store, batch_id, total=total, done=done, show_progress=show_progress,
                            coordinator=coordinator)
     artifact = BatchProgressArtifact()  # the Prefect UI's progress bar (a no-op outside a flow run)
     await artifact.start(batch_id, total, store.url)

@@ -1,9 +1,12 @@
 """A batch run under sample leases: which samples this process drives, when it stops, how it ends.
 
 - `LeaseKeeper` claims the batch's unfinished samples nobody else drives, renews the leases while the
-  samples run, cancels a sample whose lease another process took over (it had expired), and
-  releases everything at the end. Two `resume` of one batch thus split its samples; a second one
+  samples run, stops a sample whose lease another process took over (it had expired: the renewal
+  sees it, or the next write for the sample fails its fencing check with `LeaseLost`) without
+  marking it, and releases everything at the end. Two `resume` of one batch thus split its samples; a second one
   that finds every unfinished sample leased to a live process does nothing (exit 2).
+- `ClaimWindow`: `run` and `resume` hold a window of unfinished samples (twice the admission limit)
+  and claim more, in admission order, as theirs finish; the rest stays free for `join` processes.
 - `FailurePolicy` is `--fail-on-error`: a count (stop once more than N samples failed) or a
   fraction of the batch (stop once more than that share failed).
 - `final_status` picks completed / completed_with_failures / failed from the samples' statuses.
@@ -15,11 +18,12 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from agentbatch.db.leases import ForeignLease, SampleLeases, flag_in_flight
+from agentbatch.db.leases import ForeignLease, LeaseLost, SampleLeases, flag_in_flight
 from agentbatch.db.models import BatchStatus, Sample, SampleStatus
 from agentbatch.db.store import Store
 
@@ -104,12 +108,28 @@ def busy_message(batch_id: int, foreign: list[ForeignLease]) -> str:
             "stopped (its leases expire 30 s after it dies).")
 
 
+LEASE_TTL_ENV = "AGENTBATCH_LEASE_TTL_S"
+
+
+def lease_ttl_s() -> float:
+    """How long a sample's lease lasts unrenewed (renewed every third of it): 30 s, or
+    AGENTBATCH_LEASE_TTL_S (a shorter one hands a stalled process's samples over sooner)."""
+    text = os.environ.get(LEASE_TTL_ENV, "30")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{LEASE_TTL_ENV}: expected a number of seconds > 0, got {text!r}")
+    return value
+
+
 class LeaseKeeper:
     """Claims, renews and releases the leases of one process on one batch while it runs."""
 
     def __init__(self, store: Store, batch_id: int, policy: FailurePolicy | None = None,
-                 ttl_s: float = 30.0) -> None:
-        self.leases = SampleLeases(store, batch_id, ttl_s=ttl_s)
+                 ttl_s: float | None = None) -> None:
+        self.leases = SampleLeases(store, batch_id, ttl_s=lease_ttl_s() if ttl_s is None else ttl_s)
         self.store = store
         self.batch_id = batch_id
         self.policy = policy or FailurePolicy()
@@ -204,6 +224,11 @@ class LeaseKeeper:
         self._tasks[sample_id] = task
         try:
             await coro
+        except LeaseLost:  # taken over while this process was stalled: the sample's outcome is the taker's
+            log.warning("batch %s: sample %s is now driven by another process; letting it go here (nothing of "
+                        "it written)", self.batch_id, sample_id)
+            self._lost.add(sample_id)
+            return
         except asyncio.CancelledError:
             if sample_id in self._lost:
                 return
@@ -215,6 +240,34 @@ class LeaseKeeper:
             if self.policy.exceeded(failed, self.total):
                 raise BatchStopped(f"stopped: {failed} of {self.total} samples failed "
                                    f"(--fail-on-error: {self.policy.describe()})")
+
+
+def window_size(max_active_samples: int) -> int:
+    """How many unfinished samples `run` / `resume` hold at a time: twice the admission limit keeps
+    the engines busy while the rest of the batch stays claimable by other processes."""
+    return max(16, 2 * max_active_samples)
+
+
+class ClaimWindow:
+    """The samples a `run` / `resume` process has yet to claim, in admission order (`order`, set once
+    the admission plan is known), taken a few at a time as its own samples finish."""
+
+    def __init__(self, leases: SampleLeases, size: int) -> None:
+        self.leases = leases
+        self.size = size
+        self.order: list[int] = []
+
+    def take(self, n: int) -> list[Sample]:
+        """Claim up to `n` more samples, the next in `order` that nobody holds (blocking: from a
+        thread); the ones held elsewhere are skipped for good (their process finishes them, or `join`
+        takes them over when their leases expire)."""
+        got: list[Sample] = []
+        while self.order and len(got) < n:
+            ids, self.order = self.order[: n - len(got)], self.order[n - len(got):]
+            rank = {sid: k for k, sid in enumerate(ids)}
+            mine = self.leases.claim(len(ids), among=ids, new_only=True)
+            got += sorted((s for s in mine if s.id in rank), key=lambda s: rank[s.id])
+        return got
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,14 +129,18 @@ async def _rebuild(batch: BatchContext, run: SampleRun) -> None:
     run.progress.steps_done = len(records)
 
 
-async def drive_all(coros: Iterable[Coroutine[Any, Any, Any]]) -> None:
+async def drive_all(coros: Iterable[Coroutine[Any, Any, Any]],
+                    feed: Callable[[Callable[[Coroutine[Any, Any, Any]], Any]], Coroutine[Any, Any, None]] | None
+                    = None) -> None:
     """Run the sample coroutines under one asyncio.TaskGroup: an unexpected error cancels the others
     and waits for them to unwind (so engines and workloads are closed after the samples, not under
-    them); the first error is raised as itself."""
+    them); the first error is raised as itself. `feed(spawn)`: runs beside them and may add more."""
     try:
         async with asyncio.TaskGroup() as group:
             for coro in coros:
                 group.create_task(coro)
+            if feed is not None:
+                group.create_task(feed(group.create_task))
     except BaseExceptionGroup as errors:
         first = errors.exceptions[0]
         while isinstance(first, BaseExceptionGroup):
