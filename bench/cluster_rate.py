@@ -8,7 +8,7 @@ that process, or psutil for the gateway's), not wall time, so the figures hold o
 
 - `run` in each execution mode (chains = the visible default, steps, lean): a recorded `mcp_like`
   batch replayed live (`agentbatch replay --mode live`'s config: engine `replay` over `openai`, the
-  recorded environment at time scale 0) against two fake workers; conversations of 8-32 k tokens
+  recorded environment at time scale 0) against two fake workers; conversations of 8-20 k tokens
   (a 8 k-token system prompt, observations appended each step) and 16 tool schemas.
 - `agentbatch gateway` (1 process; `--processes` does not exist yet) in front of the fake worker and
   the probe MCP server: concurrent clients send growing 8 k+ token conversations to /v1/chat/completions,
