@@ -45,7 +45,7 @@ def test_listing_calls_and_errors_over_stdio() -> None:
             await conn.close()
 
     names, echo, fail, crash, unknown = asyncio.run(main())
-    assert names == ["crash", "echo", "fail", "sleep"]
+    assert names == ["crash", "echo", "fail", "session", "sleep"]
     assert not echo.is_error and result_text(echo) == "hello"
     assert fail.is_error and result_text(fail) == "no such ticket"
     assert crash.is_error and "MCP error" in result_text(crash)  # a JSON-RPC error of a live server
@@ -115,7 +115,7 @@ def test_environment_turns_tool_errors_and_hidden_tools() -> None:
             await wl.aclose()
 
     reset, r1, r2, r3, score = asyncio.run(main())
-    assert sorted(t["function"]["name"] for t in reset.tools) == ["crash", "echo", "fail", "sleep"]
+    assert sorted(t["function"]["name"] for t in reset.tools) == ["crash", "echo", "fail", "session", "sleep"]
     assert reset.messages == [{"role": "user", "content": "first"}]
     assert (r1.tool_calls, r1.tool_errors, r1.done) == (3, 2, False)
     assert r2.messages == [{"role": "user", "content": "second"}] and not r2.done
