@@ -27,6 +27,7 @@ from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, execute_batch, plan_batch
 from agentbatch.flows.config import BatchConfig, ConfigError, load_config
 from agentbatch.flows.overrides import apply_overrides
+from agentbatch.flows.store_url import url_from_param
 from agentbatch.protocols.secrets import install_log_redaction
 from agentbatch.tasks.runner import CoordinatedTaskRunner
 
@@ -72,7 +73,7 @@ async def scheduled_eval(config: dict[str, Any] | None = None, config_path: str 
 
     install_log_redaction()  # as every launch (flows/launch.py); this flow runs where a worker starts it
     plan = plan_batch(resolve_config(config, config_path, overrides))  # the workload, built once for the run
-    store = Store(db_url)
+    store = Store(url_from_param(db_url) if db_url else None)  # a `${VAR}` password resolved here
     try:
         batch_id = create_batch(plan, store)
         deployment, deployment_id = _deployment_origin()

@@ -5,7 +5,6 @@ validates its input before it picks a Prefect server."""
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -13,8 +12,6 @@ from pydantic import ValidationError
 from agentbatch.flows.config import BatchConfig
 
 TAG_KEY = "tag"  # `--param tag=...`: the run's checkpoint/model tag, not a config field
-_SECRET_KEYS = re.compile(r"(^|_)(api_key|password|passwd|secret|token)$", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"://[^/@:\s]+:[^/@\s]+@")
 
 
 class OverrideError(ValueError):
@@ -73,19 +70,21 @@ def apply_overrides(config: BatchConfig, items: list[str]) -> tuple[BatchConfig,
         raise OverrideError(f"--param: the config with these overrides is invalid: {problems}") from exc
 
 
-def find_secrets(node: Any, path: str = "") -> list[str]:
-    """Dotted paths of values that look like secrets (API keys, passwords, URLs with a password)."""
-    found: list[str] = []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            sub = f"{path}.{k}" if path else str(k)
-            if _SECRET_KEYS.search(str(k)) and isinstance(v, str) and v:
-                found.append(sub)
-            else:
-                found += find_secrets(v, sub)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            found += find_secrets(v, f"{path}.{i}")
-    elif isinstance(node, str) and _URL_PASSWORD.search(node):
-        found.append(path)
+def find_secrets(node: Any) -> list[str]:
+    """Dotted paths of secrets given as values (a `${VAR}` reference is not one): `protocols/secrets.py`."""
+    from agentbatch.protocols.secrets import literal_secrets
+
+    return literal_secrets(node)
+
+
+def override_secrets(items: list[str]) -> list[str]:
+    """The `--param KEY=VALUE` items whose value is a secret: a secret-named KEY, or a URL with a password."""
+    from agentbatch.protocols.secrets import literal_secrets
+
+    found = []
+    for item in items:
+        key, _, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if literal_secrets({parts[-1]: raw}):
+            found.append(key.strip())
     return found

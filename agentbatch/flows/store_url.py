@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbatch.protocols.secrets import MissingSecret, from_stored, to_stored
+from agentbatch.protocols.secrets import MissingSecret, from_stored, redact_text, to_stored
 
 SUPPORTED_DIALECTS = ("sqlite", "postgresql")
 URL_HINT = "expected sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
@@ -20,7 +20,7 @@ def shown_url(url: str) -> str:
     from sqlalchemy.exc import ArgumentError
 
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        return redact_text(make_url(url).render_as_string(hide_password=True))  # and `?password=`
     except (ArgumentError, ValueError):
         return "<unparsable URL>"
 

@@ -1,7 +1,9 @@
 """Secrets never stored or printed: API keys and passwords inside URLs.
 
-- In a batch config, a field named like a secret (`api_key`, `password`, `token`, `secret`, ...) and
-  the password of a URL are secrets. `to_stored(config)` returns the config as it is persisted: a
+- One rule says what a secret is, wherever it arrives (a config file, a `--param` override, a
+  Python API argument, a store URL): a field named like a secret (`api_key`, `password`, `token`,
+  `secret`, ...), the password of a URL (`scheme://user:PASSWORD@host`) and a secret-named query
+  parameter of a URL (`?password=...`, `&api_key=...`). `${VAR}` references are never secrets. `to_stored(config)` returns the config as it is persisted: a
   secret already given as an environment reference (`${OPENAI_API_KEY}`) stays a reference; a
   literal secret becomes a reference to `AGENTBATCH_SECRET_<DOTTED_PATH>`, which this process sets
   (so the run itself works) and a later `resume` in another process must set.
@@ -23,6 +25,9 @@ from typing import Any
 SECRET_KEY = re.compile(r"(^|_)(api_?key|password|passwd|secret|token|authorization|auth)$", re.IGNORECASE)
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.\-]*://[^/\s:@]*:)(?P<password>[^@\s/]+)(?P<at>@)")
+# `?password=...` / `&api_key=...` in a URL (libpq and SQLAlchemy accept a password there)
+URL_QUERY_SECRET = re.compile(r"(?P<head>[?&](?P<key>password|passwd|pwd|api_?key|token|secret|auth)=)"
+                              r"(?P<password>[^&#\s'\"]+)", re.IGNORECASE)
 BEARER = re.compile(r"(?P<head>Bearer\s+)(?P<token>[A-Za-z0-9._~+/\-=]{6,})")
 MASK = "***"
 REF_PREFIX = "AGENTBATCH_SECRET_"
@@ -48,6 +53,8 @@ def redact_text(text: str) -> str:
         return text
     text = URL_PASSWORD.sub(lambda m: m["head"] + (m["password"] if ENV_REF.fullmatch(m["password"]) else MASK)
                             + m["at"], text)
+    text = URL_QUERY_SECRET.sub(lambda m: m["head"] + (m["password"] if ENV_REF.fullmatch(m["password"])
+                                                       else MASK), text)
     text = BEARER.sub(lambda m: m["head"] + MASK, text)
     with _lock:
         known = sorted(_known, key=len, reverse=True)
@@ -90,16 +97,19 @@ def _store_leaf(value: str, path: str, secret_field: bool) -> str:
         remember(value)
         return f"${{{name}}}"
 
-    def url_password(m: re.Match[str]) -> str:
+    def reference(m: re.Match[str], field: str) -> str:
+        """The URL with the matched password (userinfo or query) replaced by a reference."""
         if ENV_REF.fullmatch(m["password"]):
             return m[0]
-        name = _ref_name(f"{path}.password")
+        name = _ref_name(f"{path}.{field}")
         os.environ[name] = m["password"]
-        # Not remembered as a bare value: URL_PASSWORD masks it inside URLs, and a password such as
+        # Not remembered as a bare value: the URL patterns mask it inside URLs, and a password such as
         # the user or database name would otherwise mask every mention of that word.
-        return f"{m['head']}${{{name}}}{m['at']}"
+        return m[0][: m.start("password") - m.start()] + f"${{{name}}}" + m[0][m.end("password") - m.start():]
 
-    return URL_PASSWORD.sub(url_password, value)
+    stored = URL_PASSWORD.sub(lambda m: reference(m, "password"), value)
+    query = "query_" if stored != value else ""  # both a userinfo and a query password: two variables
+    return URL_QUERY_SECRET.sub(lambda m: reference(m, query + m["key"]), stored)
 
 
 def to_stored(config: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +121,7 @@ def to_stored(config: dict[str, Any]) -> dict[str, Any]:
 def _resolve_leaf(value: str, path: str, secret_field: bool) -> str:
     if not (secret_field or "${" in value):
         return value
-    if not secret_field and not URL_PASSWORD.search(value):
+    if not secret_field and not (URL_PASSWORD.search(value) or URL_QUERY_SECRET.search(value)):
         return value  # only secret fields and URL passwords hold references
 
     def env(m: re.Match[str]) -> str:
@@ -131,6 +141,25 @@ def from_stored(config: dict[str, Any]) -> dict[str, Any]:
     names the field and the variable when one is not set)."""
     resolved: dict[str, Any] = _walk(config, "", _resolve_leaf)
     return resolved
+
+
+def has_literal_secret(text: str) -> bool:
+    """A URL password or secret query parameter given as a value, not as a `${VAR}` reference."""
+    return any(not ENV_REF.fullmatch(m["password"])
+               for pattern in (URL_PASSWORD, URL_QUERY_SECRET) for m in pattern.finditer(text))
+
+
+def literal_secrets(value: Any) -> list[str]:
+    """Dotted paths of the secrets given as values, not as `${VAR}` references (see module doc)."""
+    found: list[str] = []
+
+    def leaf(text: str, path: str, secret_field: bool) -> str:
+        if (secret_field and text and not ENV_REF.fullmatch(text)) or (not secret_field and has_literal_secret(text)):
+            found.append(path)
+        return text
+
+    _walk(value, "", leaf)
+    return found
 
 
 def redact_value(value: Any) -> Any:

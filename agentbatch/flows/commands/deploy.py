@@ -78,8 +78,9 @@ def _db_parameter(db: str | None) -> str | None:
     if db:
         if find_secrets(db):
             raise ValueError("--db: the URL holds a password, and deployment parameters are stored in plain "
-                             "text on the Prefect server; give it without the password and set "
-                             "AGENTBATCH_DB_URL (or ~/.pgpass) where the runs execute")
+                             "text on the Prefect server; give it as a reference (postgresql+psycopg://USER:"
+                             "${PGPASSWORD}@HOST/DB, the variable set where the runs execute), or without the "
+                             "password and set AGENTBATCH_DB_URL (or ~/.pgpass) there")
         return db
     if os.environ.get("AGENTBATCH_DB_URL"):
         return None  # resolved where each run executes, from its own environment
@@ -121,10 +122,14 @@ def api_silent(url: str) -> str | None:
 
 def main(args: argparse.Namespace) -> int:
     from agentbatch.flows.config import ConfigError, load_config
-    from agentbatch.flows.overrides import OverrideError, apply_overrides, find_secrets
+    from agentbatch.flows.overrides import OverrideError, apply_overrides, find_secrets, override_secrets
 
     if problem := _schedule_problem(args):
         return fail(problem)
+    if given := override_secrets(args.param):
+        return fail(f"--param {', '.join(given)}: a secret given as a value would be stored in plain text on the "
+                    "Prefect server (deployment, flow runs, events); give it as a reference to a variable set "
+                    "where the runs execute, e.g. --param 'KEY=${MY_API_KEY}'")
     try:
         config, tag = apply_overrides(load_config(args.config), args.param)
         db = _db_parameter(args.db)
@@ -134,8 +139,9 @@ def main(args: argparse.Namespace) -> int:
     secrets = find_secrets(data)
     if secrets and not args.by_path:
         return fail(f"{args.config}: {', '.join(secrets)} look(s) like secrets, and deployment parameters are "
-                    "stored in plain text on the Prefect server; deploy with --by-path (the file is read where "
-                    "each run executes) or leave them out")
+                    "stored in plain text on the Prefect server; write them as references (api_key: "
+                    "${MY_API_KEY}, the variable set where the runs execute), deploy with --by-path (the file "
+                    "is read where each run executes) or leave them out")
     api = pick_server()
     if isinstance(api, str):
         return fail(api)

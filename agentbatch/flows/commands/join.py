@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from agentbatch.flows.commands._common import add_db_option, fail
 from agentbatch.flows.commands._inputs import stored_config_error
 from agentbatch.flows.commands._launch import ready_prefect, start_prefect
+from agentbatch.flows.commands._outcome import batch_problem
 from agentbatch.flows.store_url import shown_url
 
 if TYPE_CHECKING:
@@ -92,8 +93,10 @@ def main(args: argparse.Namespace) -> int:
             return fail(f"no batch {args.batch_id} in {shown_url(store.url)}")
         if error := stored_config_error(row.config, args.batch_id):
             return fail(error)
-        if args.work_pool:
+        if args.work_pool:  # the secret references are resolved on the workers' machines
             return _deploy(args, store, row.name, row.config)
+        if error := batch_problem(store, args.batch_id):  # a secret reference not set here
+            return fail(error)
         return _run_here(args, store, api, row.name)
     finally:
         store.close()
