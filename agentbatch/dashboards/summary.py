@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,7 @@ from agentbatch.dashboards.frames import load_batch
 from agentbatch.dashboards.groups import GroupScore, group_line, group_scores
 from agentbatch.db.history import priors_used
 from agentbatch.db.store import Store
+from agentbatch.protocols.environment import IN_FLIGHT_STOPPED
 from agentbatch.scheduling.lower_bound import LowerBound
 
 
@@ -41,6 +43,8 @@ class BatchSummary:
     resumed: bool = False
     source: str = ""  # the store, when not the report's own (frames.BatchData.source)
     policy_choice: dict[str, Any] | None = None  # what scheduling.policy auto chose (dashboards/choice.py)
+    # samples stopped on a step that may have executed: {"sample", "task", "check"} (flows/leased.py)
+    stopped_in_flight: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -69,14 +73,15 @@ class BatchSummary:
             "latency_p50_s": self.latency_p50_s, "latency_p99_s": self.latency_p99_s,
             "env_utilisation": self.env_utilisation,
             "cache_hit_rate": self.cache_hit_rate, "recomputed_tokens": self.recomputed_tokens,
-            "score_mean": self.score_mean,
+            "score_mean": self.score_mean, "stopped_in_flight": len(self.stopped_in_flight),
         }
         row.update({f"phase_{k}_s": v for k, v in self.phases.items()})
         return row
 
     def as_json(self) -> dict[str, Any]:
-        """summary.json's entry: the figures, and `policy_choice` when auto chose the policy."""
-        row: dict[str, Any] = dict(self.as_row())
+        """summary.json's entry: the figures, the samples stopped for a check (`stopped_in_flight`), and
+        `policy_choice` when auto chose the policy."""
+        row: dict[str, Any] = {**self.as_row(), "stopped_in_flight": self.stopped_in_flight}
         if self.policy_choice is not None:
             row["policy_choice"] = choice_json(self.policy_choice)
         return row
@@ -118,6 +123,7 @@ class BatchSummary:
             lines.append(f"  priors        {self.priors}")
         if self.policy_choice is not None:
             lines.append(choice_line(self.policy_choice))
+        lines += [f"  CHECK         sample {s['sample']}: {s['check']}" for s in self.stopped_in_flight]
         if self.critical:
             c = self.critical[0]
             lines.append(f"  last sample   {c.task_id} (id {c.sample_id}) finished at {c.finished_s:.1f} s after "
@@ -157,7 +163,14 @@ def summary_from_analysis(a: BatchAnalysis) -> BatchSummary:
         resumed=a.resumed,
         source=a.data.source,
         policy_choice=stored_choice(a.data.config),
+        stopped_in_flight=stopped_in_flight(a.samples.itertuples()),
     )
+
+
+def stopped_in_flight(samples: Iterable[Any]) -> list[dict[str, Any]]:
+    """The samples stopped on a step that may have executed, each with what to check."""
+    return [{"sample": int(s.id), "task": str(s.task_id), "check": s.error.removeprefix(IN_FLIGHT_STOPPED)}
+            for s in samples if isinstance(s.error, str) and s.error.startswith(IN_FLIGHT_STOPPED)]
 
 
 def summarize(store: Store, batch_id: int) -> BatchSummary:

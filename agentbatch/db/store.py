@@ -10,11 +10,11 @@ status) and marks the attempts a dead process left `running` as abandoned.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, func, select, update
+from sqlalchemy import CursorResult, Executable, func, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentbatch.db.engine import check_readable, make_engine, migrate, resolve_url
@@ -128,13 +128,16 @@ class Store:
             sample.error = error
             sample.finished_at = time.time()
 
-    def reset_failed(self, batch_id: int) -> int:
+    def reset_failed(self, batch_id: int, hold: str | None = None, release: Collection[int] = ()) -> int:
         """Set the batch's failed samples to run again (`agentbatch retry`); their completed steps and
-        every earlier attempt stay. Returns how many."""
+        every earlier attempt stay. A sample whose error starts with `hold` stays failed unless its id
+        is in `release`. Returns how many."""
+        held = true() if hold is None else (Sample.error.is_(None) | ~Sample.error.startswith(hold, autoescape=True)
+                                            | Sample.id.in_(list(release)))
         with self.session() as s, s.begin():
             result = _dml(s,
                 update(Sample)
-                .where(Sample.batch_id == batch_id, Sample.status == SampleStatus.FAILED)
+                .where(Sample.batch_id == batch_id, Sample.status == SampleStatus.FAILED, held)
                 .values(status=SampleStatus.PENDING, error=None, score=None, result=None, finished_at=None,
                         retries=Sample.retries + 1)
             )

@@ -66,6 +66,9 @@ class Toolset:
         self.schemas: list[ToolSchema] = []
         self.hidden: set[str] = set()  # callable by the harness only (state tools, tools_hide patterns)
         self.idempotent: set[str] = set()  # tools that take an idempotency key (filled by the harness)
+        # tools a crash may leave done but unrecorded that can run again: an idempotency key, or the
+        # server's own annotation (MCP `readOnlyHint` / `idempotentHint`)
+        self.retry_safe: set[str] = set()
         counts: dict[str, int] = {}
         for conn in connections:
             for tool in conn.tools:
@@ -79,6 +82,9 @@ class Toolset:
                     continue
                 if IDEMPOTENCY_KEY in ((tool.input_schema or {}).get("properties") or {}):
                     self.idempotent.add(exposed)
+                hints = tool.annotations
+                if exposed in self.idempotent or (hints is not None and (hints.read_only_hint or hints.idempotent_hint)):
+                    self.retry_safe.add(exposed)
                 self.schemas.append(
                     {
                         "type": "function",
@@ -229,6 +235,14 @@ class McpEnvironment:
             tool_calls=len(calls),
             tool_errors=sum(e for _, e in outcomes),
         )
+
+    def unsafe_calls(self, assistant: Message) -> list[str]:
+        """The calls of this step that running again after a crash could repeat: tools without an
+        idempotency key and not annotated read-only or idempotent (an unknown tool never runs)."""
+        safe = self.toolset.retry_safe if self.toolset is not None else set()
+        route = self.toolset.route if self.toolset is not None else {}
+        return [name for _, name, _, error in tool_calls_of(assistant)
+                if not error and name in route and name not in safe]
 
     @property
     def restore_mode(self) -> str:

@@ -23,9 +23,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from agentbatch.db.leases import ForeignLease, LeaseLost, SampleLeases, flag_in_flight
+from agentbatch.db.leases import ForeignLease, InFlight, LeaseLost, SampleLeases, flag_in_flight
 from agentbatch.db.models import BatchStatus, Sample, SampleStatus
 from agentbatch.db.store import Store
+from agentbatch.protocols.environment import IN_FLIGHT_STOPPED, UNSAFE_CALLS
 
 log = logging.getLogger("agentbatch.batch")
 
@@ -199,23 +200,24 @@ class LeaseKeeper:
 
     def settle_in_flight(self, todo: list[Sample], policy: str) -> list[Sample]:
         """Steps of external-state environments that were executing when a process died: flagged
-        "may have executed" in the store. Policy "retry" runs them again (tools that take an
-        idempotency key get the same one); "fail" fails their samples for a person to check.
+        "may have executed" in the store. Such a step runs again only where that is safe: policy
+        "retry" and every call of the step takes an idempotency key or is annotated read-only or
+        idempotent (`unsafe_calls` recorded when the step began). Otherwise its sample stops with an
+        error naming the step, the calls and how to go on (`retry --in-flight-checked`).
         Returns the samples still to run."""
         flagged = flag_in_flight(self.store, [s.id for s in todo])
         if not flagged:
             return todo
+        calls = _unsafe_calls(self.store, self.batch_id, flagged)
+        stopped = {f.sample_id: f.step_index for f in flagged if policy == "fail" or calls.get(f.sample_id) != []}
         log.warning("batch %s: %d step(s) of environments with external state may have executed before the "
-                    "last process died (policy %s)", self.batch_id, len(flagged), policy)
-        if policy != "fail":
-            return todo
-        failed = {f.sample_id: f.step_index for f in flagged}
-        for sample_id, index in failed.items():
-            self.store.finish_sample(sample_id, score=None, result=None,
-                                     error=f"step {index} may have executed before the process died; the "
-                                     "environment's in-flight policy is 'fail': check its external state, then "
-                                     "`agentbatch retry`")
-        return [s for s in todo if s.id not in failed]
+                    "last process died (policy %s): %d run again (safe to repeat), %d stopped for a check",
+                    self.batch_id, len(flagged), policy, len(flagged) - len(stopped), len(stopped))
+        tasks = {s.id: s.task_id for s in todo}
+        for sample_id, index in stopped.items():
+            self.store.finish_sample(sample_id, score=None, result=None, error=in_flight_error(
+                self.batch_id, sample_id, tasks.get(sample_id, "?"), index, calls.get(sample_id), policy))
+        return [s for s in todo if s.id not in stopped]
 
     async def run(self, sample_id: int, coro: Coroutine[Any, Any, Any]) -> None:
         """Drive one sample; then check --fail-on-error. A sample whose lease was lost ends quietly."""
@@ -268,6 +270,28 @@ class ClaimWindow:
             mine = self.leases.claim(len(ids), among=ids, new_only=True)
             got += sorted((s for s in mine if s.id in rank), key=lambda s: rank[s.id])
         return got
+
+
+def _unsafe_calls(store: Store, batch_id: int, flagged: list[InFlight]) -> dict[int, list[str] | None]:
+    """Sample id -> the calls its flagged step recorded as unsafe to repeat (None: not recorded)."""
+    wanted = {(f.sample_id, f.step_index) for f in flagged}
+    out: dict[int, list[str] | None] = {f.sample_id: None for f in flagged}
+    for step in store.steps(batch_id):
+        if (step.sample_id, step.index) in wanted and isinstance(step.request, dict) and UNSAFE_CALLS in step.request:
+            out[step.sample_id] = list(step.request[UNSAFE_CALLS])
+    return out
+
+
+def in_flight_error(batch_id: int, sample_id: int, task_id: str, index: int, calls: list[str] | None,
+                    policy: str) -> str:
+    """What a sample stopped for a check says: which step, which calls, how to check and go on."""
+    what = f"call(s) {', '.join(calls)}" if calls else "its calls"
+    why = ("the environment's in-flight policy is 'fail'" if policy == "fail" else
+           "they take no idempotency key and are not annotated read-only or idempotent, so running them again "
+           "could apply them twice")
+    return (f"{IN_FLIGHT_STOPPED}step {index} of task {task_id} may have executed before the process died: {what}; "
+            f"{why}. Check the server's state for this sample (did the call take effect?); if it did not, "
+            f"`agentbatch retry {batch_id} --in-flight-checked {sample_id}` runs the step again")
 
 
 @dataclass(frozen=True, slots=True)

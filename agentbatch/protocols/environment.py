@@ -164,6 +164,19 @@ def restore_mode_of(env: Any) -> RestoreMode:
     return mode
 
 
+UNSAFE_CALLS = "unsafe_calls"  # key of an external step's request: its calls a resume must not run blindly
+IN_FLIGHT_STOPPED = "stopped in flight: "  # error of a sample stopped for a check (`retry` holds it)
+
+
+def unsafe_calls(env: Any, assistant: Mapping[str, Any]) -> list[str]:
+    """The calls of an external-state step that running again after a crash could repeat: the
+    environment's `unsafe_calls(assistant)` when it has one, else every call (it cannot tell)."""
+    own = getattr(env, "unsafe_calls", None)
+    if own is not None:
+        return list(own(assistant))
+    return [str((c.get("function") or {}).get("name", "?")) for c in assistant.get("tool_calls") or []] or ["step"]
+
+
 def is_blocking(env: Any) -> bool:
     """Whether the environment declared synchronous (blocking) code: run it in worker threads."""
     return bool(getattr(env, "blocking", False))

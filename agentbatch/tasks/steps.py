@@ -27,10 +27,12 @@ from agentbatch.db.step_records import (
 )
 from agentbatch.protocols.engine import ChatRequest
 from agentbatch.protocols.environment import (
+    UNSAFE_CALLS,
     Environment,
     EnvironmentFailure,
     TaskSpec,
     restore_mode_of,
+    unsafe_calls,
 )
 from agentbatch.protocols.retry import Call
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
@@ -102,12 +104,14 @@ async def _run_environment(batch: BatchContext, run: SampleRun, ticket: StepTick
                            task_run_id: str | None) -> None:
     assistant = run.state.last_assistant
     assert assistant is not None
-    attempt = _attempt_of(batch, run, ticket, number, task_run_id, slot,
-                          environment_request(from_step=ticket.step_index - 1))
+    external = restore_mode_of(run.env) == "external"
+    request = environment_request(from_step=ticket.step_index - 1)
+    if external:  # what a resume may run again after a crash (`flows/leased.py` settle_in_flight)
+        request[UNSAFE_CALLS] = unsafe_calls(run.env, assistant)
+    attempt = _attempt_of(batch, run, ticket, number, task_run_id, slot, request)
     # State kept elsewhere: the attempt's row and the step's in-flight mark are committed before it runs,
     # so that a crash before its record leaves a trace ("may have executed" on resume) instead of a
     # silent second execution.
-    external = restore_mode_of(run.env) == "external"
     if external:
         await batch.writer.commit(attempt.begun({"in_flight_step": ticket.step_index}))
     else:

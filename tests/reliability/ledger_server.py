@@ -3,7 +3,10 @@
 `cancel_reservation(reservation, session, idempotency_key?)` refunds a reservation: each call adds a
 refund, unless its idempotency key was seen before. `slow_cancel` refunds at once and answers after
 `seconds` (a process killed meanwhile leaves the refund done and the step unrecorded). `agentbatch_state(session)` returns the
-session's refunds. `--state FILE` is the file; every call reads and writes it (one process at a time).
+session's refunds. `slow_refund` refunds at once and answers after `seconds`, with no idempotency
+key and no annotation (a repeat refunds again). `slow_set_status` (annotated `idempotentHint`) sets a
+reservation's status, counts its calls, and waits `seconds` only when the status changed (a repeat
+answers at once). `--state FILE` is the file; every call reads and writes it (one process at a time).
 """
 
 from __future__ import annotations
@@ -27,6 +30,15 @@ TOOLS = [
                input_schema={"type": "object", "properties": {
                    "reservation": {"type": "string"}, "seconds": {"type": "number"}, "session": {"type": "string"},
                    "idempotency_key": {"type": "string"}}, "required": ["reservation"]}),
+    types.Tool(name="slow_refund", description="Refund at once, answer after `seconds`; no idempotency key.",
+               input_schema={"type": "object", "properties": {
+                   "reservation": {"type": "string"}, "seconds": {"type": "number"}, "session": {"type": "string"}},
+                   "required": ["reservation"]}),
+    types.Tool(name="slow_set_status", description="Set a reservation's status (the same call twice: the same state).",
+               input_schema={"type": "object", "properties": {
+                   "reservation": {"type": "string"}, "status": {"type": "string"}, "seconds": {"type": "number"},
+                   "session": {"type": "string"}}, "required": ["reservation", "status"]},
+               annotations=types.ToolAnnotations(idempotent_hint=True)),
     types.Tool(name="agentbatch_state", description="The session's refunds.",
                input_schema={"type": "object", "properties": {"session": {"type": "string"}}}),
 ]
@@ -63,6 +75,20 @@ def main() -> None:
             path.write_text(json.dumps(state))
             await asyncio.sleep(float(a.get("seconds", 0)))
             return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]]})
+        if name == "slow_refund":  # a write that cannot tell a repeat
+            refunds[a["reservation"]] = refunds.get(a["reservation"], 0) + 1
+            path.write_text(json.dumps(state))
+            await asyncio.sleep(float(a.get("seconds", 0)))
+            return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]]})
+        if name == "slow_set_status":
+            statuses = state.setdefault("status", {}).setdefault(session, {})
+            calls = state.setdefault("calls", {}).setdefault(session, {})
+            changed = statuses.get(a["reservation"]) != a["status"]
+            statuses[a["reservation"]] = a["status"]
+            calls[a["reservation"]] = calls.get(a["reservation"], 0) + 1
+            path.write_text(json.dumps(state))
+            await asyncio.sleep(float(a.get("seconds", 0)) if changed else 0)
+            return text_result({"status": a["status"], "calls": calls[a["reservation"]]})
         if name == "agentbatch_state":
             return text_result(refunds)
         return text_result(f"unknown tool {name!r}", is_error=True)

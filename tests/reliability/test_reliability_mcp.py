@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from agentbatch.dashboards.summary import stopped_in_flight
 from agentbatch.db.leases import MAY_HAVE_EXECUTED, count_may_have_executed, flag_in_flight
+from agentbatch.db.models import Sample, Step
 from agentbatch.db.store import Store
 from agentbatch.environments.mcp_client import EnvironmentFailure
 from agentbatch.environments.mcp_env import McpWorkload
 from agentbatch.flows.leased import LeaseKeeper
-from agentbatch.protocols.environment import RecordedTurn
+from agentbatch.protocols.environment import IN_FLIGHT_STOPPED, UNSAFE_CALLS, RecordedTurn
 
 HERE = Path(__file__).parent
 PROBE = ["-m", "agentbatch.environments.mcp_servers.probe_server"]
@@ -95,26 +97,47 @@ def test_retried_step_sends_the_same_idempotency_key(tmp_path: Path) -> None:
     assert refunds(tmp_path) == {"batch-7:t1": {"r1": 2, "r2": 1}}
 
 
-def test_in_flight_external_step_is_flagged_and_handled_by_policy(store: Store) -> None:
-    batch_id = store.create_batch("inflight", {}, [("a", {}), ("b", {})])
-    a, b = store.samples(batch_id)
+def test_in_flight_step_runs_again_only_where_that_is_safe(store: Store) -> None:
+    """A step cut short by a crash runs again only when every call it made is safe to repeat (recorded
+    when it began); else its sample stops naming the step, the call and the way on, and `retry` holds it
+    until that sample is acknowledged."""
+    batch_id = store.create_batch("inflight", {}, [("a", {}), ("b", {}), ("c", {})])
+    a, b, c = store.samples(batch_id)
+    began = {a.id: {"from_step": 2, UNSAFE_CALLS: []}, b.id: {"from_step": 2, UNSAFE_CALLS: ["refund"]}, c.id: None}
     with store.session() as s, s.begin():
-        for sample in (a, b):
-            s.get(type(sample), sample.id).in_flight_step = 3
+        for sample in (a, b, c):
+            s.get(Sample, sample.id).in_flight_step = 3
+            if began[sample.id] is not None:  # c: its calls are not known (a row from an older agentbatch)
+                s.add(Step(batch_id=batch_id, sample_id=sample.id, index=3, kind="environment", attempt=1,
+                           enqueued_at=0.0, started_at=0.0, request=began[sample.id]))
     keeper = LeaseKeeper(store, batch_id)
-    todo = keeper.claim()
-    assert [s.id for s in keeper.settle_in_flight(todo, "retry")] == [a.id, b.id]
+    assert [s.id for s in keeper.settle_in_flight(keeper.claim(), "retry")] == [a.id]
     flagged = [st for st in store.steps(batch_id) if st.error == MAY_HAVE_EXECUTED]
-    assert sorted((st.sample_id, st.index, st.status) for st in flagged) == [(a.id, 3, "abandoned"), (b.id, 3, "abandoned")]
-    assert count_may_have_executed(store, batch_id) == 2
-    assert flag_in_flight(store, [a.id, b.id]) == []  # cleared: flagged once
+    assert sorted((st.sample_id, st.index, st.status) for st in flagged) == [
+        (a.id, 3, "abandoned"), (b.id, 3, "abandoned"), (c.id, 3, "abandoned")]
+    assert count_may_have_executed(store, batch_id) == 3
+    assert flag_in_flight(store, [a.id, b.id, c.id]) == []  # cleared: flagged once
+    rows = {s.id: s for s in store.samples(batch_id)}
+    assert rows[b.id].status == rows[c.id].status == "failed"
+    error = rows[b.id].error or ""
+    assert error.startswith(IN_FLIGHT_STOPPED) and "step 3 of task b" in error and "refund" in error
+    assert f"agentbatch retry {batch_id} --in-flight-checked {b.id}" in error
+    assert [s["sample"] for s in stopped_in_flight(store.samples(batch_id))] == [b.id, c.id]
 
+    # retry: held until acknowledged, one sample at a time
+    assert store.reset_failed(batch_id, hold=IN_FLIGHT_STOPPED) == 0
+    assert store.reset_failed(batch_id, hold=IN_FLIGHT_STOPPED, release=[b.id]) == 1
+    assert {s.id: s.status for s in store.samples(batch_id)}[c.id] == "failed"
+
+    # policy "fail": even a step that is safe to repeat stops
     with store.session() as s, s.begin():
-        s.get(type(a), a.id).in_flight_step = 5
+        s.get(Sample, a.id).in_flight_step = 5
+        s.add(Step(batch_id=batch_id, sample_id=a.id, index=5, kind="environment", attempt=1, enqueued_at=0.0,
+                   started_at=0.0, request={"from_step": 4, UNSAFE_CALLS: []}))
     left = keeper.settle_in_flight(keeper.claim(), "fail")
-    assert [s.id for s in left] == [b.id]
+    assert a.id not in [s.id for s in left]
     failed = {s.id: s for s in store.samples(batch_id)}[a.id]
-    assert failed.status == "failed" and "may have executed" in (failed.error or "")
+    assert failed.status == "failed" and "in-flight policy is 'fail'" in (failed.error or "")
     keeper.leases.release_all()
 
 
@@ -151,22 +174,19 @@ def test_dead_shared_server_restarts_alone(tmp_path: Path) -> None:
     assert out["b_after"] == out["before"]["b"] and out["same_b_connection"]  # the healthy one untouched
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("prefect_api")
-def test_kill_during_external_step_then_resume_refunds_once(tmp_path: Path, sqlite_url: str) -> None:
-    """The run is killed while a slow remote refund is in flight (the refund already happened); the
-    resume flags the step "may have executed", re-runs it with the same idempotency key, and the
-    ledger shows one refund."""
+def _killed_during(tmp_path: Path, sqlite_url: str, name: str, arguments: dict) -> dict:
+    """`run` a one-task ledger batch whose one step calls `name`, killed with -9 once the server applied
+    the call (its answer still pending): done on the server, never recorded. Returns the ledger."""
     import subprocess
 
     import yaml
-    from reliability_helpers import cli_env, run_cli
+    from reliability_helpers import cli_env
     from testkit import CLI
 
     server = {"name": "ledger", "command": sys.executable,
               "args": [str(HERE / "ledger_server.py"), "--state", str(tmp_path / "ledger.json")]}
     task = {"id": "t1", "turns": ["cancel r1"], "ground_truth": [
-        {"calls": [{"name": "slow_cancel", "arguments": {"reservation": "r1", "seconds": 600}}], "final_text": "Done."}]}
+        {"calls": [{"name": name, "arguments": {**arguments, "seconds": 600}}], "final_text": "Done."}]}
     cfg = {"name": "ledger", "engine": {"kind": "scripted", "params": {"workers": 1}},
            "workload": {"kind": "mcp", "params": {"servers": [server], "tasks": [task], "per_sample": True,
                                                    "restore_mode": "external", "inject": {"session": "{sample_key}"}}}}
@@ -177,19 +197,83 @@ def test_kill_during_external_step_then_resume_refunds_once(tmp_path: Path, sqli
     try:
         deadline = time.time() + 300
         while not (tmp_path / "ledger.json").exists() and time.time() < deadline:
-            assert run.poll() is None, "the run ended before the refund"
+            assert run.poll() is None, "the run ended before the call"
             time.sleep(0.2)
     finally:
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
-    assert refunds(tmp_path) == {"batch-1:t1": {"r1": 1}}  # done on the server, never recorded
+    return json.loads((tmp_path / "ledger.json").read_text())
 
+
+def _one(per_session: dict) -> dict:
+    """The one session's entry (the session is the batch's `{sample_key}`)."""
+    assert len(per_session) == 1, per_session
+    return next(iter(per_session.values()))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_kill_during_external_step_then_resume_refunds_once(tmp_path: Path, sqlite_url: str) -> None:
+    """The run is killed while a slow remote refund is in flight (the refund already happened); the
+    resume flags the step "may have executed", re-runs it with the same idempotency key, and the
+    ledger shows one refund."""
+    from reliability_helpers import run_cli
+
+    assert _one(_killed_during(tmp_path, sqlite_url, "slow_cancel", {"reservation": "r1"})["refunds"]) == {"r1": 1}
     resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr  # 1: no check, score 0 is fine
     assert "may have executed: 1 step(s)" in resumed.stdout, resumed.stdout
-    assert refunds(tmp_path) == {"batch-1:t1": {"r1": 1}}  # the re-run sent the same key: no second refund
+    assert _one(refunds(tmp_path)) == {"r1": 1}  # the re-run sent the same key: no second refund
     store = Store(sqlite_url)
     flagged = [st for st in store.steps(1) if st.error == MAY_HAVE_EXECUTED]
     assert len(flagged) == 1 and flagged[0].kind == "environment"
+    assert store.samples(1)[0].status == "completed"
+    store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_kill_during_unkeyed_write_stops_the_sample_and_says_so(tmp_path: Path, sqlite_url: str) -> None:
+    """A write with no idempotency key and no annotation, applied by the server but not recorded: the
+    resume does not apply it again; the sample stops naming the step and the call, `status` and the
+    report's summary.json list it, and `retry` holds it until it is acknowledged."""
+    from reliability_helpers import run_cli
+
+    assert _one(_killed_during(tmp_path, sqlite_url, "slow_refund", {"reservation": "r1"})["refunds"]) == {"r1": 1}
+    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert _one(refunds(tmp_path)) == {"r1": 1}  # not applied twice (it was, before)
+    store = Store(sqlite_url)
+    sample = store.samples(1)[0]
+    store.close()
+    assert sample.status == "failed" and (sample.error or "").startswith(IN_FLIGHT_STOPPED)
+    assert "slow_refund" in sample.error and f"agentbatch retry 1 --in-flight-checked {sample.id}" in sample.error
+
+    status = run_cli(["status", "1"], sqlite_url)
+    assert f"CHECK sample {sample.id}:" in status.stdout and "slow_refund" in status.stdout, status.stdout
+    report = run_cli(["report", "1", "--out", str(tmp_path / "report")], sqlite_url)
+    assert report.returncode == 0, report.stdout + report.stderr
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert [s["sample"] for s in summary[0]["stopped_in_flight"]] == [sample.id]
+
+    retried = run_cli(["retry", "1", "--no-progress"], sqlite_url)
+    assert "retrying 0 failed sample(s)" in retried.stdout and f"sample(s) {sample.id}" in retried.stdout, retried.stdout
+    assert _one(refunds(tmp_path)) == {"r1": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_kill_during_idempotent_annotated_call_runs_it_again(tmp_path: Path, sqlite_url: str) -> None:
+    """A tool annotated `idempotentHint` (read from list_tools) is safe to repeat: the resume runs the
+    step again and the sample completes."""
+    from reliability_helpers import run_cli
+
+    ledger_state = _killed_during(tmp_path, sqlite_url, "slow_set_status", {"reservation": "r1", "status": "cancelled"})
+    assert _one(ledger_state["calls"]) == {"r1": 1}
+    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
+    after = json.loads((tmp_path / "ledger.json").read_text())
+    assert _one(after["calls"]) == {"r1": 2} and _one(after["status"]) == {"r1": "cancelled"}
+    store = Store(sqlite_url)
     assert store.samples(1)[0].status == "completed"
     store.close()

@@ -37,10 +37,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_option(p)
     p.add_argument("--retry-failed", action="store_true",
                    help="also run the failed samples again (as `agentbatch retry BATCH_ID`)")
+    add_in_flight_checked(p)
     add_fail_on_error(p)
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
     add_progress_options(p)
     p.set_defaults(func=main)
+
+
+def add_in_flight_checked(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--in-flight-checked", type=int, action="append", default=[], metavar="SAMPLE_ID",
+                   help="with --retry-failed / retry: run this sample again although it stopped on a step that may "
+                   "have executed (its error says which call to check first). Repeatable")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,8 +71,13 @@ def main(args: argparse.Namespace) -> int:
     if message := busy_now(store, args.batch_id):  # before anything is reset
         return fail(message)
     if args.retry_failed:
-        n = store.reset_failed(args.batch_id)
+        from agentbatch.protocols.environment import IN_FLIGHT_STOPPED
+
+        n = store.reset_failed(args.batch_id, hold=IN_FLIGHT_STOPPED, release=args.in_flight_checked)
         print(f"batch {args.batch_id}: retrying {n} failed sample(s)", flush=True)
+        if held := [s.id for s in store.samples(args.batch_id) if (s.error or "").startswith(IN_FLIGHT_STOPPED)]:
+            print(f"batch {args.batch_id}: not retried, a step may have executed (check, then "
+                  f"--in-flight-checked SAMPLE_ID): sample(s) {', '.join(map(str, held))}", flush=True)
     if error := ready_prefect(api, quiet=mode == "off"):
         return fail(error, code=1)
     outcome = asyncio.run(launch_batch(store, args.batch_id, api=api, show_progress=mode, report_dir=args.report,

@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("batch_id", type=int)
     add_db_option(p)
+    resume.add_in_flight_checked(p)
     add_fail_on_error(p)
     p.add_argument("--report", type=Path, metavar="DIR", help="also write the HTML/PNG report to DIR")
     add_progress_options(p)

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from agentbatch.dashboards.eta import estimate_eta
     from agentbatch.dashboards.frames import UnknownBatch
     from agentbatch.dashboards.groups import group_line, group_scores
+    from agentbatch.dashboards.summary import stopped_in_flight
     from agentbatch.flows.config import plugins_line
     from agentbatch.flows.crash_watch import mark_prefect_crashed
 
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             note = mark_prefect_crashed(batch.flow_run_id if batch else None, eta.notes[-1])
             eta.notes.extend([note] if note else [])
         print(eta.to_text(), flush=True)
+        for stopped in stopped_in_flight(store.samples(args.batch_id)):
+            print(f"  CHECK sample {stopped['sample']}: {stopped['check']}", flush=True)
         if by_group := group_line(group_scores(store.samples(args.batch_id)), "  score by group "):
             print(by_group, flush=True)
         batch = store.get_batch(args.batch_id)
