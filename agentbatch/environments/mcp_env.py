@@ -80,11 +80,7 @@ class Toolset:
                 if tool.name.startswith(HIDDEN_PREFIX) or (tools is not None and not tools.visible(exposed)):
                     self.hidden.add(exposed)
                     continue
-                if IDEMPOTENCY_KEY in ((tool.input_schema or {}).get("properties") or {}):
-                    self.idempotent.add(exposed)
-                hints = tool.annotations
-                if exposed in self.idempotent or (hints is not None and (hints.read_only_hint or hints.idempotent_hint)):
-                    self.retry_safe.add(exposed)
+                self._note_safety(exposed, tool)
                 self.schemas.append(
                     {
                         "type": "function",
@@ -96,6 +92,14 @@ class Toolset:
                         },
                     }
                 )
+
+
+    def _note_safety(self, exposed: str, tool: Any) -> None:
+        if IDEMPOTENCY_KEY in ((tool.input_schema or {}).get("properties") or {}):
+            self.idempotent.add(exposed)
+        hints = tool.annotations
+        if exposed in self.idempotent or (hints is not None and (hints.read_only_hint or hints.idempotent_hint)):
+            self.retry_safe.add(exposed)
 
 
 async def reconnect_dead(toolset: Toolset, call_timeout_s: float) -> Toolset:
