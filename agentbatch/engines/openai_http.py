@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+import yarl
 
 from agentbatch.protocols.engine import ChatRequest, ChatResult, EngineFailure
 
@@ -28,9 +29,15 @@ class OpenAIEngine:
         self, name: str, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 600.0
     ) -> None:
         self.name = name
-        self.base_url = base_url.rstrip("/")
         self.model = model
         self._headers = {"Content-Type": "application/json"}
+        # aiohttp refuses an Authorization header beside credentials in the URL: the URL's user:password
+        # becomes Basic auth, and an api_key (Bearer) wins over it, as it did with the earlier client.
+        url = yarl.URL(base_url.rstrip("/"))
+        if url.user is not None:
+            self._headers["Authorization"] = aiohttp.BasicAuth(url.user, url.password or "").encode()
+            url = url.with_user(None)
+        self.base_url = str(url)
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
