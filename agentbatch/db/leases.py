@@ -22,11 +22,12 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select, update
 
+from agentbatch.db.fencing import still_held
 from agentbatch.db.models import Sample, SampleStatus, Step, StepStatus
 from agentbatch.db.store import Store
 
@@ -245,14 +246,17 @@ class InFlight:
     step_index: int
 
 
-def flag_in_flight(store: Store, sample_ids: list[int]) -> list[InFlight]:
-    """Record each step left in flight (`samples.in_flight_step`) among these samples as an `abandoned`
-    attempt flagged "may have executed", and clear the mark. The caller holds their leases."""
-    if not sample_ids:
+def flag_in_flight(store: Store, fences: Mapping[int, int]) -> list[InFlight]:
+    """Record each step left in flight (`samples.in_flight_step`) among these samples (sample id -> the
+    lease token the caller holds) as an `abandoned` attempt flagged "may have executed", and clear the
+    mark; only for the samples whose row still carries that token, checked in the same transaction
+    (`db/fencing.py`): a process that lost a sample's lease flags nothing of it."""
+    if not fences:
         return []
     with store.session() as s, s.begin():
+        held = sorted(still_held(s.connection(), fences))
         rows = list(s.execute(select(Sample.id, Sample.batch_id, Sample.in_flight_step)
-                              .where(Sample.id.in_(sample_ids), Sample.in_flight_step.is_not(None))))
+                              .where(Sample.id.in_(held), Sample.in_flight_step.is_not(None))))
         now = time.time()
         for sample_id, batch_id, index in rows:
             last = s.scalar(select(Step).where(Step.sample_id == sample_id, Step.index == index)

@@ -10,7 +10,7 @@ status) and marks the attempts a dead process left `running` as abandoned.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -18,6 +18,7 @@ from sqlalchemy import CursorResult, Executable, func, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentbatch.db.engine import check_readable, make_engine, migrate, resolve_url
+from agentbatch.db.fencing import still_held
 from agentbatch.db.models import (
     Batch,
     BatchStatus,
@@ -118,15 +119,21 @@ class Store:
             return list(s.scalars(q.order_by(Sample.index)))
 
     def finish_sample(
-        self, sample_id: int, *, score: float | None, result: dict[str, Any] | None, error: str | None = None
-    ) -> None:
+        self, sample_id: int, *, score: float | None, result: dict[str, Any] | None, error: str | None = None,
+        token: int | None = None,
+    ) -> bool:
+        """Mark a sample ended. `token`: only while the sample's row carries this lease token (checked in
+        the same transaction, `db/fencing.py`); returns False, writing nothing, when it moved on."""
         with self.session() as s, s.begin():
+            if token is not None and not still_held(s.connection(), {sample_id: token}):
+                return False
             sample = s.get_one(Sample, sample_id)
             sample.status = SampleStatus.FAILED if error else SampleStatus.COMPLETED
             sample.score = score
             sample.result = result
             sample.error = error
             sample.finished_at = time.time()
+        return True
 
     def reset_failed(self, batch_id: int, hold: str | None = None, release: Collection[int] = ()) -> int:
         """Set the batch's failed samples to run again (`agentbatch retry`); their completed steps and
@@ -189,13 +196,15 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(Step).where(Step.batch_id == batch_id).order_by(Step.id)))
 
-    def abandon_running(self, batch_id: int, sample_ids: Iterable[int] | None = None) -> int:
-        """Mark steps left `running` by a dead process as abandoned (only those of `sample_ids`, the
-        samples this process leased, when given); returns how many."""
+    def abandon_running(self, batch_id: int, fences: Mapping[int, int] | None = None) -> int:
+        """Mark steps left `running` by a dead process as abandoned; returns how many. `fences`
+        (sample id -> lease token): only steps of those samples, and only of the ones whose row still
+        carries that token, checked in the same transaction (a process that lost a sample's lease
+        leaves its steps alone); None: every sample of the batch."""
         where = [Step.batch_id == batch_id, Step.status == StepStatus.RUNNING]
-        if sample_ids is not None:
-            where.append(Step.sample_id.in_(list(sample_ids)))
         with self.session() as s, s.begin():
+            if fences is not None:
+                where.append(Step.sample_id.in_(sorted(still_held(s.connection(), fences))))
             result = _dml(s,
                 update(Step)
                 .where(*where)

@@ -39,9 +39,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import BindParameter, Connection, bindparam, func, insert, select, update
+from sqlalchemy import BindParameter, Connection, bindparam, func, insert, update
 from sqlalchemy.orm import Session
 
+from agentbatch.db.fencing import locked_tokens
 from agentbatch.db.leases import LeaseLost
 from agentbatch.db.models import Sample, Step
 from agentbatch.db.step_records import SampleKey, StepWrite, sample_id_of, sample_update
@@ -155,12 +156,7 @@ def fenced(conn: Connection, ops: list[_Op], fences: Mapping[int, int]) -> tuple
     ids = sorted({sid for op in ops if (sid := op.sample_id()) is not None and sid in fences})
     if not ids:
         return ops, []
-    cols = (_SAMPLES.c.id, _SAMPLES.c.lease_token)
-    if conn.dialect.name == "postgresql":
-        q: Any = select(*cols).where(_SAMPLES.c.id.in_(ids)).with_for_update()
-    else:  # SQLite: a write statement first, so the store's write lock is held and the read is the latest
-        q = update(_SAMPLES).where(_SAMPLES.c.id.in_(ids)).values(lease_token=_SAMPLES.c.lease_token).returning(*cols)
-    current = {sid: token for sid, token in conn.execute(q)}
+    current = locked_tokens(conn, ids)
     lost = {sid for sid in ids if current.get(sid) != fences[sid]}
     if not lost:
         return ops, []

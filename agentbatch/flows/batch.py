@@ -238,7 +238,7 @@ def _claim(store: Store, batch_id: int, fail_on_error: str | None, claim_limit: 
 def _settle_claimed(store: Store, keeper: LeaseKeeper, workload: Any, todo: list[Any]) -> list[Any]:
     """Newly claimed samples ready to run: steps left `running` by a process that stopped are marked
     abandoned, external steps cut short settled (`LeaseKeeper.settle_in_flight`)."""
-    abandoned = store.abandon_running(keeper.batch_id, [s.id for s in todo])  # only the samples leased here
+    abandoned = store.abandon_running(keeper.batch_id, keeper.fences(todo))  # only the samples leased here
     if abandoned:
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them",
                  keeper.batch_id, abandoned)

@@ -205,7 +205,8 @@ class LeaseKeeper:
         idempotent (`unsafe_calls` recorded when the step began). Otherwise its sample stops with an
         error naming the step, the calls and how to go on (`retry --in-flight-checked`).
         Returns the samples still to run."""
-        flagged = flag_in_flight(self.store, [s.id for s in todo])
+        fences = self.fences(todo)
+        flagged = flag_in_flight(self.store, fences)
         if not flagged:
             return todo
         calls = _unsafe_calls(self.store, self.batch_id, flagged)
@@ -215,9 +216,17 @@ class LeaseKeeper:
                     self.batch_id, len(flagged), policy, len(flagged) - len(stopped), len(stopped))
         tasks = {s.id: s.task_id for s in todo}
         for sample_id, index in stopped.items():
-            self.store.finish_sample(sample_id, score=None, result=None, error=in_flight_error(
-                self.batch_id, sample_id, tasks.get(sample_id, "?"), index, calls.get(sample_id), policy))
+            error = in_flight_error(self.batch_id, sample_id, tasks.get(sample_id, "?"), index, calls.get(sample_id),
+                                    policy)
+            if not self.store.finish_sample(sample_id, score=None, result=None, error=error, token=fences[sample_id]):
+                log.warning("batch %s: sample %s is now driven by another process; leaving it to it",
+                            self.batch_id, sample_id)
         return [s for s in todo if s.id not in stopped]
+
+    def fences(self, samples: list[Sample]) -> dict[int, int]:
+        """Sample id -> the lease token this process claimed it with, for the samples it holds."""
+        tokens = self.leases.tokens
+        return {s.id: tokens[s.id] for s in samples if s.id in tokens}
 
     async def run(self, sample_id: int, coro: Coroutine[Any, Any, Any]) -> None:
         """Drive one sample; then check --fail-on-error. A sample whose lease was lost ends quietly."""

@@ -20,11 +20,14 @@ from typing import Any
 import pytest
 from reliability_helpers import bfcl_config, completions, start_cli
 
-from agentbatch.db.leases import LeaseLost, SampleLeases
+from agentbatch.db.leases import MAY_HAVE_EXECUTED, LeaseLost, SampleLeases, flag_in_flight
+from agentbatch.db.models import Sample, Step
 from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 from agentbatch.flows.batch import create_batch
 from agentbatch.flows.config import BatchConfig
+from agentbatch.flows.leased import LeaseKeeper
+from agentbatch.protocols.environment import UNSAFE_CALLS
 
 TTL_S = 3.0
 
@@ -101,3 +104,41 @@ def test_writer_applies_nothing_for_a_sample_taken_over(store: Store) -> None:
     rows = {s.id: s for s in store.samples(batch_id)}
     assert rows[first].status == "pending" and rows[first].error is None
     assert rows[second].steps_done == 7
+
+
+def test_stale_token_settles_flags_and_abandons_nothing(store: Store) -> None:
+    """Every write a resume makes for its samples before they run (steps left `running` marked
+    abandoned, a step left in flight flagged, a sample stopped for a check) is fenced like the step
+    writer's: a process whose leases were taken over changes nothing; the current holder can."""
+    batch_id = store.create_batch("fence", {}, [("a", {}), ("b", {})])
+    a, b = store.samples(batch_id)
+    with store.session() as s, s.begin():
+        for sample in (a, b):
+            s.get_one(Sample, sample.id).in_flight_step = 1
+            s.add(Step(batch_id=batch_id, sample_id=sample.id, index=1, kind="environment", attempt=1,
+                       status="running", enqueued_at=0.0, started_at=0.0,
+                       request={"from_step": 0, UNSAFE_CALLS: ["refund"]}))
+    now = [1000.0]
+    stale = LeaseKeeper(store, batch_id, ttl_s=10)
+    stale.leases = SampleLeases(store, batch_id, owner="elsewhere:1:a", ttl_s=10, clock=lambda: now[0])
+    claimed = stale.claim()
+    taker = SampleLeases(store, batch_id, owner="elsewhere:2:b", ttl_s=10, clock=lambda: now[0])
+    now[0] += 11  # the first process stalled past its leases: the taker claims both
+    taker.claim()
+    before = outcome(store, batch_id)
+    flags = [(s.id, s.in_flight_step) for s in store.samples(batch_id)]
+
+    assert store.abandon_running(batch_id, stale.fences(claimed)) == 0
+    assert flag_in_flight(store, stale.fences(claimed)) == []
+    assert [s.id for s in stale.settle_in_flight(claimed, "retry")] == [a.id, b.id]  # nothing settled here
+    assert not store.finish_sample(a.id, score=None, result=None, error="stalled", token=stale.fences(claimed)[a.id])
+    assert outcome(store, batch_id) == before
+    assert [(s.id, s.in_flight_step) for s in store.samples(batch_id)] == flags
+
+    # the holder's own token goes through: the steps are flagged, the unsafe one stops its sample
+    holder = LeaseKeeper(store, batch_id, ttl_s=10)
+    holder.leases = taker
+    assert holder.settle_in_flight(taker.claim(), "retry") == []
+    rows = {s.id: s for s in store.samples(batch_id)}
+    assert rows[a.id].status == rows[b.id].status == "failed" and rows[a.id].in_flight_step is None
+    assert [st.error for st in store.steps(batch_id)] == [MAY_HAVE_EXECUTED, MAY_HAVE_EXECUTED]
