@@ -5,7 +5,7 @@
   tasks as earlier batches in the store recorded them (one ensemble member per earlier batch, its
   recorded tool durations and token counts; the chain-length priors the batch runs with), on the
   configured engine workers, environment slots and admission limit (N_ref), and run the one the
-  minimax rule picks (sim/portfolio.py `decide`). It needs an engine model: the engine config's
+  robust minimax rule picks (sim/portfolio.py `decide`). It needs an engine model: the engine config's
   simulated timing profile (`timing.profile`, `timing.time_scale`: the replay engine or a serve-sim
   pool described the same way). Without one, or without history of these tasks, the configured
   policy runs and the choice says why.

@@ -4,7 +4,7 @@ Every candidate of the portfolio (agentbatch/scheduling/portfolio.py, the baseli
 simulated in virtual time on each member of an ensemble: the batch's own tasks with the best
 priors available (with history: the chain lengths and contexts an earlier run of the same tasks
 reached; without: traces drawn from the workload's declared or observed distribution), on the
-configured engines and slots. `choose` then picks by the minimax rule. Simulations that can no
+configured engines and slots. `choose` then picks by the robust minimax rule. Simulations that can no
 longer win are cut as soon as their virtual clock passes the makespan they would need (a bound,
 not an estimate: a cut run's makespan is known to be larger), which keeps deciding cheap.
 
@@ -135,6 +135,7 @@ class _Runner:
         self.pred: dict[str, list[float]] = {}
         self.cut_at: dict[str, list[float]] = {}
         self.sims = 0
+        self.cuts_in = [0] * len(members)  # non-baselines cut in each member so far
 
     def _one(self, c: Candidate, m: Member, stop: float | None) -> tuple[float, float]:
         cfg = candidate_config(c, self.base, samples=len(m.trace.samples), n_ref=self.n_ref, priors=m.priors,
@@ -146,17 +147,22 @@ class _Runner:
             return math.inf, cut.at_s
 
     def all(self, pool: Sequence[Candidate], margin: float) -> None:
-        """The baselines first (they fix the best baseline of each member), then the others in
-        order, each cut where it could no longer beat the best score so far."""
+        """The baselines first (they fix the best baseline of each member and the fallback), then the
+        others in order, each cut where it could no longer be chosen: above (1 - margin) x the
+        fallback's makespan in a member (the rule's condition), or where its ratio to the best
+        baseline reaches the best score so far."""
         bases = [c for c in pool if c.baseline]
-        for c in bases:
+        for c in sorted(bases, key=_likely_fast):
             self.baseline(c)
-        best_base = [min(self.pred[c.name][m] for c in bases) for m in range(len(self.members))]
-        threshold = (1 - margin) * min(max(t / b for t, b in zip(self.pred[c.name], best_base, strict=True))
-                                       for c in bases)  # fmt: skip
+        n = len(self.members)
+        best_base = [min(self.pred[c.name][m] for c in bases) for m in range(n)]
+        scores = {c.name: max(t / b for t, b in zip(self.pred[c.name], best_base, strict=True)) for c in bases}
+        fallback = min(bases, key=lambda c: scores[c.name])
+        floor = [(1 - margin) * t for t in self.pred[fallback.name]]
+        best = math.inf
         for c in pool:
             if not c.baseline:
-                threshold = min(threshold, self.other(c, best_base, threshold))
+                best = min(best, self.other(c, best_base, floor, best))
 
     def baseline(self, c: Candidate) -> None:
         """Every member, each cut at BASELINE_SLACK x the best baseline there so far."""
@@ -169,14 +175,22 @@ class _Runner:
             cuts.append(at)
         self.pred[c.name], self.cut_at[c.name] = preds, cuts
 
-    def other(self, c: Candidate, best_base: list[float], threshold: float) -> float:
-        """Member by member, each cut where its ratio to the best baseline would reach `threshold`
-        (it could not win there); once cut, the other members are not simulated. Returns its score
-        (worst ratio to the best baseline; inf when cut)."""
+    def other(self, c: Candidate, best_base: list[float], floor: list[float], best: float) -> float:
+        """Member by member, each cut where it could not be chosen (above `floor`, or at the ratio
+        `best` to the best baseline); once cut, the other members are not simulated. Returns its
+        score (worst ratio to the best baseline; inf when cut)."""
         preds, cuts = [math.inf] * len(self.members), [0.0] * len(self.members)
-        for i, m in enumerate(self.members):
-            preds[i], cuts[i] = self._one(c, m, threshold * best_base[i])
+        for i in sorted(range(len(self.members)), key=lambda i: -self.cuts_in[i]):  # the likeliest cut first
+            stop = min(floor[i], best * best_base[i])
+            preds[i], cuts[i] = self._one(c, self.members[i], stop if math.isfinite(stop) else None)
             if math.isinf(preds[i]):
+                self.cuts_in[i] += 1
                 break
         self.pred[c.name], self.cut_at[c.name] = preds, cuts
         return max(t / b for t, b in zip(preds, best_base, strict=True))
+
+
+def _likely_fast(c: Candidate) -> tuple[bool, float]:
+    """Baselines that admit more first: the first run of each member goes uncut, and the coupled
+    sweep's smallest limits are the slowest (the others are then cut at BASELINE_SLACK x the best)."""
+    return c.limit == "slots" and c.limit_factor < 1, -c.limit_factor

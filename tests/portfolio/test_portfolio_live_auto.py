@@ -39,6 +39,7 @@ def test_auto_chooses_from_history_and_a_name_runs_that_candidate(tmp_path: Path
         assert auto["policy"] == choice["chosen"]
         assert {r["name"] for r in choice["candidates"]} >= {c.name for c in BUILTIN_CANDIDATES if c.baseline}
         picked = NAMES[choice["chosen"]]
+        picked = picked if auto["priors"] else picked.without_priors()  # as it runs without priors
         assert auto["coupled"] == picked.coupled and auto["env_queue"]["name"] == picked.env_queue
         assert auto["admission_control"] == picked.admission_control
         assert "policy auto" in choice_markdown(choice) and choice["chosen"] in choice_markdown(choice)

@@ -163,6 +163,9 @@ class _Span:
     done: int = 0
 
 
+_TAIL_CHECK_EVERY = 64  # events between two checks of the tail bound in a run that can be cut
+
+
 class SimulationCut(Exception):
     """A simulation stopped at its `stop_after_s`: the makespan is above `at_s`."""
 
@@ -486,16 +489,44 @@ class VirtualBatch:
             "iter_start": self._iter_start, "iter_end": lambda a, t: self._iter_end(a[0], a[1], t),
             "step_end": self._step_end, "advance": self._advance, "span_end": self._span_end,
         }  # fmt: skip
+        rest = self._rest_env_s() if stop_after_s is not None else None
         while heap:
             now, _, _, kind, arg = heapq.heappop(heap)
             if now > stop:
                 raise SimulationCut(now)
+            if rest is not None and not self._events % _TAIL_CHECK_EVERY:
+                tail = self._tail_bound(now, rest)
+                if tail > stop:
+                    raise SimulationCut(tail)
             if self._spans:
                 self._settle(now)
             self._events += 1
             handlers[kind](arg, now)
             self._drain(now)
         return self._result()
+
+    def _rest_env_s(self) -> list[list[float]]:
+        """Per sample and step position p: the environment time its chain still needs after step p
+        (each environment step takes its duration once started, whatever the policy; a step that
+        ends the sample ends the chain)."""
+        out = []
+        for s in self._all:
+            steps = s.trace.steps
+            after = [0.0] * (len(steps) + 1)  # env time of steps p.. (to the end or the first done)
+            for p in range(len(steps) - 1, -1, -1):
+                st = steps[p]
+                env = st.kind != INFERENCE
+                own = (st.duration_s or 0.0) * self.cfg.env_time_scale if env else 0.0
+                after[p] = own + (0.0 if env and st.done else after[p + 1])
+            out.append([0.0 if steps[p].kind != INFERENCE and steps[p].done else after[p + 1]
+                        for p in range(len(steps))] + [0.0])  # fmt: skip
+        return out
+
+    def _tail_bound(self, now: float, rest: list[list[float]]) -> float:
+        """A lower bound on the makespan at `now`: no unfinished sample ends before its remaining
+        environment steps have run one after another (what lets a cut come before the clock
+        reaches the stop)."""
+        return max((now + rest[i][s.pos] for i, s in enumerate(self._all) if s.finished_at is None), default=now)
 
     def _result(self) -> RawResult:
         unfinished = [s.trace.index for s in self._all if s.finished_at is None]
