@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select, update
 
 from agentbatch.db.fencing import still_held
-from agentbatch.db.models import Sample, SampleStatus, Step, StepStatus
+from agentbatch.db.models import MAY_HAVE_EXECUTED, Sample, SampleStatus, Step, StepStatus
 from agentbatch.db.store import Store
 
 UNFINISHED = (SampleStatus.PENDING, SampleStatus.RUNNING)
@@ -235,9 +235,6 @@ def slot_share(total: int, owners: list[str], owner: str) -> int:
 
 
 # --- external environment steps cut short by a crash ---------------------------------------------------
-MAY_HAVE_EXECUTED = "may have executed: the process died during this step of an environment with external state"
-
-
 @dataclass(frozen=True, slots=True)
 class InFlight:
     """A step of an external-state environment that was executing when its process died."""
@@ -277,4 +274,4 @@ def flag_in_flight(store: Store, fences: Mapping[int, int]) -> list[InFlight]:
 def count_may_have_executed(store: Store, batch_id: int) -> int:
     with store.session() as s:
         return s.scalar(select(func.count()).select_from(Step).where(
-            Step.batch_id == batch_id, Step.error == MAY_HAVE_EXECUTED)) or 0
+            Step.batch_id == batch_id, Step.error.startswith(MAY_HAVE_EXECUTED, autoescape=True))) or 0

@@ -41,6 +41,12 @@ class StepStatus(enum.StrEnum):
     ABANDONED = "abandoned"  # was running when the process died
 
 
+# A step of an external-state environment cut short by a crash (db/leases.py flag_in_flight); the
+# second once a user checked it and ran the sample again (`retry --in-flight-checked`).
+MAY_HAVE_EXECUTED = "may have executed: the process died during this step of an environment with external state"
+IN_FLIGHT_CHECKED = MAY_HAVE_EXECUTED + "; checked (retry --in-flight-checked)"
+
+
 class Batch(Base):
     __tablename__ = "batches"
 

@@ -20,6 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from agentbatch.db.engine import check_readable, make_engine, migrate, resolve_url
 from agentbatch.db.fencing import still_held
 from agentbatch.db.models import (
+    IN_FLIGHT_CHECKED,
+    MAY_HAVE_EXECUTED,
     Batch,
     BatchStatus,
     Sample,
@@ -40,6 +42,7 @@ def _dml(session: Session, statement: Executable) -> CursorResult[Any]:
 class StepHistory:
     completed: list[Step] = field(default_factory=list)
     attempts: dict[int, int] = field(default_factory=dict)  # step index -> highest attempt recorded
+    latest: dict[int, Step] = field(default_factory=dict)  # step index -> its latest attempt
 
 
 class Store:
@@ -138,13 +141,19 @@ class Store:
     def reset_failed(self, batch_id: int, hold: str | None = None, release: Collection[int] = ()) -> int:
         """Set the batch's failed samples to run again (`agentbatch retry`); their completed steps and
         every earlier attempt stay. A sample whose error starts with `hold` stays failed unless its id
-        is in `release`. Returns how many."""
+        is in `release`; a released one's steps flagged "may have executed" are marked checked (its
+        environment is not asked again). Returns how many."""
+        failed = (Sample.batch_id == batch_id) & (Sample.status == SampleStatus.FAILED)
         held = true() if hold is None else (Sample.error.is_(None) | ~Sample.error.startswith(hold, autoescape=True)
                                             | Sample.id.in_(list(release)))
         with self.session() as s, s.begin():
+            checked = list(s.scalars(select(Sample.id).where(failed, held, Sample.id.in_(list(release)))))
+            if checked:
+                s.execute(update(Step).where(Step.sample_id.in_(checked), Step.error == MAY_HAVE_EXECUTED)
+                          .values(error=IN_FLIGHT_CHECKED))
             result = _dml(s,
                 update(Sample)
-                .where(Sample.batch_id == batch_id, Sample.status == SampleStatus.FAILED, held)
+                .where(failed, held)
                 .values(status=SampleStatus.PENDING, error=None, score=None, result=None, finished_at=None,
                         retries=Sample.retries + 1)
             )
@@ -188,6 +197,7 @@ class Store:
         with self.session() as s:
             for step in s.scalars(q):
                 history.attempts[step.index] = max(history.attempts.get(step.index, 0), step.attempt)
+                history.latest[step.index] = step  # in attempt order: the last one wins
                 if step.status == StepStatus.COMPLETED:
                     history.completed.append(step)
         return history

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from agentbatch.environments.capacity import CapacityLimiter
 from agentbatch.environments.docker_env import tool_calls_of
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
+from agentbatch.environments.mcp_reconcile import reconcile_step
 from agentbatch.environments.mcp_tasks import (
     TaskFile,
     ToolFilter,
@@ -48,6 +49,7 @@ from agentbatch.environments.mcp_tasks import (
 )
 from agentbatch.protocols.engine import Message, ToolSchema
 from agentbatch.protocols.environment import EnvironmentFailure, EnvReset, EnvResult, RecordedTurn, TaskSpec
+from agentbatch.protocols.in_flight import Reconciled
 
 HIDDEN_PREFIX = "agentbatch_"
 IDEMPOTENCY_KEY = "idempotency_key"  # a tool argument the harness fills: the same step sends the same key
@@ -248,6 +250,19 @@ class McpEnvironment:
         return [name for _, name, _, error in tool_calls_of(assistant)
                 if not error and name in route and name not in safe]
 
+    async def reconcile(self, assistant: Message) -> Reconciled:
+        """After a crash cut this step short: did it take effect? (`environments/mcp_reconcile.py`).
+        "ran": this environment is then as after the step."""
+        answer = await reconcile_step(self, assistant)
+        if answer.status == "ran" and answer.result is not None:
+            self.history.append(assistant)
+            self.call_log += [{"name": m.get("name"), "arguments": None, "content": m.get("content"), "error": False,
+                               "latency_s": None} for m in answer.result.messages]
+        return answer
+
+    async def toolset_for_reconcile(self) -> Toolset:
+        return await self._ensure_toolset()
+
     @property
     def restore_mode(self) -> str:
         return self.workload.restore_mode
@@ -312,7 +327,8 @@ class McpWorkload:
     preset: "bfcl" (with category, limit, ids) instead of servers/tasks.
     per_sample: a server set per sample (default: shared by the whole batch; bfcl: per sample).
     task_file, tools_allow, tools_hide, inject, scorer, state_tool: for servers you did not write
-    (see mcp_tasks.py); restore_mode: "external" when the servers keep the state (never re-executed).
+    (see mcp_tasks.py); restore_mode: "external" when the servers keep the state (never re-executed);
+    reconcile_tool: a server tool asked after a crash whether a step cut short ran (mcp_reconcile.py).
     max_calls: tool calls at once over the batch (None: unlimited); call_timeout_s: per call.
     parallel_calls: run one assistant message's calls concurrently (default: in order).
     """
@@ -337,6 +353,7 @@ class McpWorkload:
         inject: dict[str, str] | None = None,
         scorer: str | None = None,
         state_tool: str | None = None,
+        reconcile_tool: str | None = None,
         restore_mode: Literal["replay", "external"] = "replay",
         in_flight: Literal["retry", "fail"] = "retry",
         batch_label: str | None = None,
@@ -371,8 +388,14 @@ class McpWorkload:
         # "replay": servers started per sample hold the state; "external": it lives elsewhere.
         self.restore_mode = restore_mode
         self.in_flight = in_flight  # external step cut short by a crash: run it again (same key) or fail
+        self.reconcile_tool = reconcile_tool  # asked after a crash whether such a step ran (mcp_reconcile.py)
         self._shared: Toolset | None = None
         self._shared_lock = asyncio.Lock()
+
+    @property
+    def reconciles(self) -> bool:
+        """Its environments answer `reconcile` (protocols/in_flight.py) when a reconcile_tool is set."""
+        return self.reconcile_tool is not None
 
     @staticmethod
     def absolute_params(params: dict[str, Any], base: Path) -> dict[str, Any]:

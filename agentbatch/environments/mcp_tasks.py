@@ -172,6 +172,8 @@ def toolset_problems(route: Mapping[str, Any], visible: Sequence[str], tool_args
         out.append(f"tools_allow/tools_hide: the model would see none of the servers' tools ({shown})")
     if workload.state_tool and workload.state_tool not in route:
         out.append(f"state_tool: no tool {workload.state_tool!r} on the servers ({shown})")
+    if getattr(workload, "reconcile_tool", None) and workload.reconcile_tool not in route:
+        out.append(f"reconcile_tool: no tool {workload.reconcile_tool!r} on the servers ({shown})")
     out += [f"inject.{arg}: no tool of the servers takes an argument {arg!r}"
             for arg in workload.inject if not any(arg in args for args in tool_args.values())]
     checks = {t.task_id: (t.data.get("check") or {}).get("tool") for t in workload.tasks()}

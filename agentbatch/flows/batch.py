@@ -49,6 +49,7 @@ from agentbatch.flows.prefect_server import PrefectApi
 from agentbatch.flows.progress import BatchWatch
 from agentbatch.flows.store_url import shown_url
 from agentbatch.protocols.environment import EnvironmentFactory
+from agentbatch.protocols.in_flight import reconciles
 from agentbatch.protocols.secrets import from_stored, to_stored
 from agentbatch.scheduling import registry
 from agentbatch.scheduling.admission_order import admission_sequence
@@ -242,7 +243,8 @@ def _settle_claimed(store: Store, keeper: LeaseKeeper, workload: Any, todo: list
     if abandoned:
         log.info("batch %s: %d step(s) were running when the last process stopped; retrying them",
                  keeper.batch_id, abandoned)
-    return keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"))  # external steps cut short
+    # external steps cut short: run again where safe, else asked to the environment or stopped
+    return keeper.settle_in_flight(todo, getattr(workload, "in_flight", "retry"), ask=reconciles(workload))
 
 
 def batch_workload(store: Store, batch_id: int) -> EnvironmentFactory:

@@ -26,7 +26,8 @@ from typing import Any
 from agentbatch.db.leases import ForeignLease, InFlight, LeaseLost, SampleLeases, flag_in_flight
 from agentbatch.db.models import BatchStatus, Sample, SampleStatus
 from agentbatch.db.store import Store
-from agentbatch.protocols.environment import IN_FLIGHT_STOPPED, UNSAFE_CALLS
+from agentbatch.protocols.environment import UNSAFE_CALLS
+from agentbatch.protocols.in_flight import in_flight_error
 
 log = logging.getLogger("agentbatch.batch")
 
@@ -198,22 +199,27 @@ class LeaseKeeper:
                     self._lost.add(sample_id)
                     task.cancel()
 
-    def settle_in_flight(self, todo: list[Sample], policy: str) -> list[Sample]:
+    def settle_in_flight(self, todo: list[Sample], policy: str, ask: bool = False) -> list[Sample]:
         """Steps of external-state environments that were executing when a process died: flagged
         "may have executed" in the store. Such a step runs again only where that is safe: policy
         "retry" and every call of the step takes an idempotency key or is annotated read-only or
-        idempotent (`unsafe_calls` recorded when the step began). Otherwise its sample stops with an
-        error naming the step, the calls and how to go on (`retry --in-flight-checked`).
+        idempotent (`unsafe_calls` recorded when the step began). `ask`: the workload reconciles
+        (`protocols/in_flight.py`): under "retry" the sample runs, and its environment is asked first
+        whether the step ran (`tasks/reconcile.py`). Otherwise its sample stops with an error naming
+        the step, the calls and how to go on (`retry --in-flight-checked`).
         Returns the samples still to run."""
         fences = self.fences(todo)
         flagged = flag_in_flight(self.store, fences)
         if not flagged:
             return todo
         calls = _unsafe_calls(self.store, self.batch_id, flagged)
-        stopped = {f.sample_id: f.step_index for f in flagged if policy == "fail" or calls.get(f.sample_id) != []}
+        unsafe = {f.sample_id for f in flagged if calls.get(f.sample_id) != []}
+        stopped = {f.sample_id: f.step_index for f in flagged
+                   if policy == "fail" or (f.sample_id in unsafe and not ask)}
         log.warning("batch %s: %d step(s) of environments with external state may have executed before the "
-                    "last process died (policy %s): %d run again (safe to repeat), %d stopped for a check",
-                    self.batch_id, len(flagged), policy, len(flagged) - len(stopped), len(stopped))
+                    "last process died (policy %s): %d run again (safe to repeat), %d asked to the environment "
+                    "first, %d stopped for a check", self.batch_id, len(flagged), policy,
+                    len(flagged) - len(unsafe | set(stopped)), len(unsafe - set(stopped)), len(stopped))
         tasks = {s.id: s.task_id for s in todo}
         for sample_id, index in stopped.items():
             error = in_flight_error(self.batch_id, sample_id, tasks.get(sample_id, "?"), index, calls.get(sample_id),
@@ -289,18 +295,6 @@ def _unsafe_calls(store: Store, batch_id: int, flagged: list[InFlight]) -> dict[
         if (step.sample_id, step.index) in wanted and isinstance(step.request, dict) and UNSAFE_CALLS in step.request:
             out[step.sample_id] = list(step.request[UNSAFE_CALLS])
     return out
-
-
-def in_flight_error(batch_id: int, sample_id: int, task_id: str, index: int, calls: list[str] | None,
-                    policy: str) -> str:
-    """What a sample stopped for a check says: which step, which calls, how to check and go on."""
-    what = f"call(s) {', '.join(calls)}" if calls else "its calls"
-    why = ("the environment's in-flight policy is 'fail'" if policy == "fail" else
-           "they take no idempotency key and are not annotated read-only or idempotent, so running them again "
-           "could apply them twice")
-    return (f"{IN_FLIGHT_STOPPED}step {index} of task {task_id} may have executed before the process died: {what}; "
-            f"{why}. Check the server's state for this sample (did the call take effect?); if it did not, "
-            f"`agentbatch retry {batch_id} --in-flight-checked {sample_id}` runs the step again")
 
 
 @dataclass(frozen=True, slots=True)

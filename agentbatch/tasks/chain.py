@@ -20,6 +20,7 @@ from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
 from agentbatch.tasks.context import BatchContext
 from agentbatch.tasks.env_thread import off_the_loop
+from agentbatch.tasks.reconcile import IN_FLIGHT, in_flight_step, reconcile_in_flight
 from agentbatch.tasks.steps import SampleRun, execute_step
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,10 @@ async def run_sample(
         try:
             fresh = sample.status == SampleStatus.PENDING and not sample.retries  # retried: rebuild first
             run = await _start(batch, sample.id, task, env, progress, fresh=fresh)
+            if stop := await reconcile_in_flight(batch, sample.id, sample.task_id, env, run.state.last_assistant,
+                                                 run.meta):  # a step cut short by a crash, and nobody can tell
+                await _finish(batch, sample.id, score=None, result=None, error=stop)
+                return SampleStatus.FAILED
             while not run.state.done and run.state.step_index < batch.max_steps:
                 ticket = StepTicket(
                     sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
@@ -115,6 +120,8 @@ async def _rebuild(batch: BatchContext, run: SampleRun) -> None:
     history = batch.store.step_history(run.sample_id)
     records = history.completed
     run.prior_attempts = history.attempts
+    if (cut := in_flight_step(history)) is not None:  # asked to the environment once it is restored
+        run.meta[IN_FLIGHT] = cut
     results: list[list[Message]] = []  # each completed environment step's recorded messages
     for expected, record in enumerate(records):
         if record.index != expected:

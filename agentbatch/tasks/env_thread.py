@@ -39,7 +39,10 @@ class ThreadedEnvironment:
         self._thread.start()
 
     def __getattr__(self, name: str) -> Any:  # restore_mode, workload-specific attributes
-        return getattr(self.env, name)
+        own = getattr(self.env, name)
+        if name == "reconcile":  # an optional coroutine method (protocols/in_flight.py): on the env's loop
+            return lambda assistant: self._call(own(assistant))
+        return own
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         # Cancelling the awaiting task (step timeout) cancels the call on the environment's loop.

@@ -34,10 +34,12 @@ from agentbatch.protocols.environment import (
     restore_mode_of,
     unsafe_calls,
 )
+from agentbatch.protocols.in_flight import RECONCILED
 from agentbatch.protocols.retry import Call
 from agentbatch.scheduling.types import SampleProgress, StepKind, StepTicket
 from agentbatch.tasks.agent import AgentState
 from agentbatch.tasks.context import BatchContext
+from agentbatch.tasks.reconcile import reconciled_result
 
 
 @dataclass(eq=False)
@@ -108,6 +110,9 @@ async def _run_environment(batch: BatchContext, run: SampleRun, ticket: StepTick
     request = environment_request(from_step=ticket.step_index - 1)
     if external:  # what a resume may run again after a crash (`flows/leased.py` settle_in_flight)
         request[UNSAFE_CALLS] = unsafe_calls(run.env, assistant)
+    said, reconciled = reconciled_result(run.meta, ticket.step_index, assistant)  # after a crash (tasks/reconcile.py)
+    if said is not None:
+        request[RECONCILED] = said
     attempt = _attempt_of(batch, run, ticket, number, task_run_id, slot, request)
     # State kept elsewhere: the attempt's row and the step's in-flight mark are committed before it runs,
     # so that a crash before its record leaves a trace ("may have executed" on resume) instead of a
@@ -120,7 +125,7 @@ async def _run_environment(batch: BatchContext, run: SampleRun, ticket: StepTick
         # asyncio.timeout runs the step in this task (wait_for would start another and resume us
         # only after every other ready callback, which a busy loop turns into seconds of "execution").
         async with asyncio.timeout(batch.step_timeout_s):
-            result = await run.env.step(assistant)
+            result = reconciled if reconciled is not None else await run.env.step(assistant)
     except TimeoutError as exc:
         failure = EnvironmentFailure(f"environment step timed out after {batch.step_timeout_s} s")
         _record_failure(batch, attempt, failure)

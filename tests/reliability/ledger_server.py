@@ -3,10 +3,14 @@
 `cancel_reservation(reservation, session, idempotency_key?)` refunds a reservation: each call adds a
 refund, unless its idempotency key was seen before. `slow_cancel` refunds at once and answers after
 `seconds` (a process killed meanwhile leaves the refund done and the step unrecorded). `agentbatch_state(session)` returns the
-session's refunds. `slow_refund` refunds at once and answers after `seconds`, with no idempotency
-key and no annotation (a repeat refunds again). `slow_set_status` (annotated `idempotentHint`) sets a
+session's refunds. `slow_refund` refunds at once and answers after `seconds` (a repeat at once), with
+no idempotency key and no annotation (a repeat refunds again). `slow_set_status` (annotated `idempotentHint`) sets a
 reservation's status, counts its calls, and waits `seconds` only when the status changed (a repeat
-answers at once). `--state FILE` is the file; every call reads and writes it (one process at a time).
+answers at once). `slow_notify` (no key, no annotation) counts a notification and answers after
+`seconds` (a repeat at once). `agentbatch_reconcile(call, arguments, session)` answers whether a call took effect (the
+mcp workload's `reconcile_tool`): for `slow_refund`, ran when the reservation was refunded in the
+session (with the refund's result), not when it was not; for anything else it cannot tell.
+`--state FILE` is the file; every call reads and writes it (one process at a time).
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ TOOLS = [
                    "reservation": {"type": "string"}, "status": {"type": "string"}, "seconds": {"type": "number"},
                    "session": {"type": "string"}}, "required": ["reservation", "status"]},
                annotations=types.ToolAnnotations(idempotent_hint=True)),
+    types.Tool(name="slow_notify", description="Send a notification, answer after `seconds`; no idempotency key.",
+               input_schema={"type": "object", "properties": {
+                   "reservation": {"type": "string"}, "seconds": {"type": "number"}, "session": {"type": "string"}},
+                   "required": ["reservation"]}),
+    types.Tool(name="agentbatch_reconcile", description="Did a call take effect? (agentbatch's reconcile hook)",
+               input_schema={"type": "object", "properties": {
+                   "call": {"type": "string"}, "arguments": {"type": "object"}, "session": {"type": "string"}},
+                   "required": ["call"]}),
     types.Tool(name="agentbatch_state", description="The session's refunds.",
                input_schema={"type": "object", "properties": {"session": {"type": "string"}}}),
 ]
@@ -75,10 +87,10 @@ def main() -> None:
             path.write_text(json.dumps(state))
             await asyncio.sleep(float(a.get("seconds", 0)))
             return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]]})
-        if name == "slow_refund":  # a write that cannot tell a repeat
+        if name == "slow_refund":  # a write that cannot tell a repeat (only the first one is slow)
             refunds[a["reservation"]] = refunds.get(a["reservation"], 0) + 1
             path.write_text(json.dumps(state))
-            await asyncio.sleep(float(a.get("seconds", 0)))
+            await asyncio.sleep(float(a.get("seconds", 0)) if refunds[a["reservation"]] == 1 else 0)
             return text_result({"refunded": a["reservation"], "count": refunds[a["reservation"]]})
         if name == "slow_set_status":
             statuses = state.setdefault("status", {}).setdefault(session, {})
@@ -89,6 +101,18 @@ def main() -> None:
             path.write_text(json.dumps(state))
             await asyncio.sleep(float(a.get("seconds", 0)) if changed else 0)
             return text_result({"status": a["status"], "calls": calls[a["reservation"]]})
+        if name == "slow_notify":  # a write the server keeps no trace of per reservation
+            state["notified"] = state.get("notified", 0) + 1
+            path.write_text(json.dumps(state))
+            await asyncio.sleep(float(a.get("seconds", 0)) if state["notified"] == 1 else 0)
+            return text_result({"notified": a["reservation"]})
+        if name == "agentbatch_reconcile":
+            if a.get("call") != "slow_refund":
+                return text_result({"ran": None})
+            count = refunds.get((a.get("arguments") or {}).get("reservation"), 0)
+            reservation = (a.get("arguments") or {}).get("reservation")
+            return text_result({"ran": True, "result": {"refunded": reservation, "count": count}} if count
+                               else {"ran": False})
         if name == "agentbatch_state":
             return text_result(refunds)
         return text_result(f"unknown tool {name!r}", is_error=True)

@@ -24,7 +24,7 @@ import pytest
 
 from agentbatch.dashboards.summary import stopped_in_flight
 from agentbatch.db.leases import MAY_HAVE_EXECUTED, count_may_have_executed, flag_in_flight
-from agentbatch.db.models import Sample, Step
+from agentbatch.db.models import IN_FLIGHT_CHECKED, Sample, Step
 from agentbatch.db.store import Store
 from agentbatch.environments.mcp_client import EnvironmentFailure
 from agentbatch.environments.mcp_env import McpWorkload
@@ -174,7 +174,7 @@ def test_dead_shared_server_restarts_alone(tmp_path: Path) -> None:
     assert out["b_after"] == out["before"]["b"] and out["same_b_connection"]  # the healthy one untouched
 
 
-def _killed_during(tmp_path: Path, sqlite_url: str, name: str, arguments: dict) -> dict:
+def _killed_during(tmp_path: Path, sqlite_url: str, name: str, arguments: dict, **params: object) -> dict:
     """`run` a one-task ledger batch whose one step calls `name`, killed with -9 once the server applied
     the call (its answer still pending): done on the server, never recorded. Returns the ledger."""
     import subprocess
@@ -189,7 +189,8 @@ def _killed_during(tmp_path: Path, sqlite_url: str, name: str, arguments: dict) 
         {"calls": [{"name": name, "arguments": {**arguments, "seconds": 600}}], "final_text": "Done."}]}
     cfg = {"name": "ledger", "engine": {"kind": "scripted", "params": {"workers": 1}},
            "workload": {"kind": "mcp", "params": {"servers": [server], "tasks": [task], "per_sample": True,
-                                                   "restore_mode": "external", "inject": {"session": "{sample_key}"}}}}
+                                                   "restore_mode": "external", "inject": {"session": "{sample_key}"},
+                                                   **params}}}
     path = tmp_path / "ledger.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run = subprocess.Popen([*CLI, "run", str(path), "--no-progress"], env=cli_env(sqlite_url), start_new_session=True,
@@ -259,6 +260,24 @@ def test_kill_during_unkeyed_write_stops_the_sample_and_says_so(tmp_path: Path, 
     retried = run_cli(["retry", "1", "--no-progress"], sqlite_url)
     assert "retrying 0 failed sample(s)" in retried.stdout and f"sample(s) {sample.id}" in retried.stdout, retried.stdout
     assert _one(refunds(tmp_path)) == {"r1": 1}
+    assert_checked_retry_completes(tmp_path, sqlite_url, sample.id)
+    assert _one(refunds(tmp_path)) == {"r1": 2}  # acknowledged: the step ran again, as asked
+
+
+def assert_checked_retry_completes(tmp_path: Path, sqlite_url: str, sample_id: int) -> None:
+    """`retry --in-flight-checked SAMPLE_ID` through the CLI: the step runs again, the sample completes,
+    its flagged step is marked checked (not counted as unchecked, not asked about again)."""
+    from reliability_helpers import run_cli
+
+    checked = run_cli(["retry", "1", "--in-flight-checked", str(sample_id), "--no-progress"], sqlite_url)
+    assert "retrying 1 failed sample(s)" in checked.stdout, checked.stdout + checked.stderr
+    assert checked.returncode in (0, 1), checked.stdout + checked.stderr  # 1: no check, score 0 is fine
+    store = Store(sqlite_url)
+    sample = store.samples(1)[0]
+    errors = [st.error for st in store.steps(1) if st.error and st.error.startswith(MAY_HAVE_EXECUTED)]
+    store.close()
+    assert sample.status == "completed" and sample.error is None, sample.error
+    assert errors == [IN_FLIGHT_CHECKED]
 
 
 @pytest.mark.slow
@@ -277,3 +296,72 @@ def test_kill_during_idempotent_annotated_call_runs_it_again(tmp_path: Path, sql
     store = Store(sqlite_url)
     assert store.samples(1)[0].status == "completed"
     store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_kill_during_unkeyed_write_the_server_reconciles(tmp_path: Path, sqlite_url: str) -> None:
+    """The same unkeyed write with the workload's reconcile hook (`reconcile_tool`): on resume the
+    server says the refund ran, so the step is recorded with the server's result and not executed
+    again; the sample completes with one refund."""
+    from reliability_helpers import run_cli
+
+    killed = _killed_during(tmp_path, sqlite_url, "slow_refund", {"reservation": "r1"},
+                            reconcile_tool="agentbatch_reconcile")
+    assert _one(killed["refunds"]) == {"r1": 1}
+    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr  # 1: no check, score 0 is fine
+    assert _one(refunds(tmp_path)) == {"r1": 1}  # not applied twice
+    store = Store(sqlite_url)
+    sample = store.samples(1)[0]
+    steps = store.steps(1)
+    store.close()
+    assert sample.status == "completed", sample.error
+    step = next(st for st in steps if st.status == "completed" and st.index == 1)
+    assert step.request["reconciled"] == "ran"
+    assert json.loads(step.response["messages"][0]["content"]) == {"refunded": "r1", "count": 1}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_kill_during_write_the_server_cannot_reconcile_stops_the_sample(tmp_path: Path, sqlite_url: str) -> None:
+    """The hook answers "cannot tell" (a notification the server keeps no trace of): the sample stops as
+    without a hook, the answer in its error; once checked, `retry --in-flight-checked` runs the step
+    again without asking."""
+    from reliability_helpers import run_cli
+
+    killed = _killed_during(tmp_path, sqlite_url, "slow_notify", {"reservation": "r1"},
+                            reconcile_tool="agentbatch_reconcile")
+    assert killed["notified"] == 1
+    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    store = Store(sqlite_url)
+    sample = store.samples(1)[0]
+    store.close()
+    assert sample.status == "failed" and (sample.error or "").startswith(IN_FLIGHT_STOPPED), sample.error
+    assert "slow_notify" in sample.error and "agentbatch_reconcile answered: cannot tell" in sample.error
+    assert json.loads((tmp_path / "ledger.json").read_text())["notified"] == 1
+    assert_checked_retry_completes(tmp_path, sqlite_url, sample.id)
+    assert json.loads((tmp_path / "ledger.json").read_text())["notified"] == 2
+
+
+def test_ledger_reconcile_answers_ran_and_not_run(tmp_path: Path) -> None:
+    """The mcp environment's hook against the ledger: a refund not applied → not_run; applied → ran with
+    the server's result, and the environment is then as after the step."""
+    async def main() -> tuple[str, str, object, int]:
+        wl = ledger(tmp_path, restore_mode="external", reconcile_tool="agentbatch_reconcile")
+        assert wl.reconciles
+        env = wl.create(wl.tasks()[0])
+        assistant = call_msg(("slow_refund", {"reservation": "r1"}))
+        try:
+            await env.reset(env.task)
+            before = await env.reconcile(assistant)
+            await env.step(assistant)
+            env.history.pop()  # its record lost in a crash
+            after = await env.reconcile(assistant)
+            assert after.result is not None
+            return before.status, after.status, json.loads(after.result.messages[0]["content"]), len(env.history)
+        finally:
+            await env.close()
+
+    assert asyncio.run(main()) == ("not_run", "ran", {"refunded": "r1", "count": 1}, 1)
