@@ -44,14 +44,16 @@ class Eta:
     tasks_with_history: int = 0
     notes: list[str] = field(default_factory=list)
     heartbeat_age_s: float | None = None  # seconds since the running process last beat
+    steps_cut_short: int = 0  # of a crashed batch: attempts its dead process left `running` (not done)
 
     def to_text(self) -> str:
         pct = 100.0 * self.done / self.total if self.total else 100.0
         counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
         lines = [f"batch {self.batch_id} ({self.name}): {self.status}",
                  f"  samples   {self.done}/{self.total} done ({pct:.1f} %): {counts or 'none'}",
-                 f"  steps     {self.steps_done} completed, {self.steps_running} running, "
-                 f"{self.steps_retried} retried attempts",
+                 f"  steps     {self.steps_done} completed, "
+                 + (f"{self.steps_cut_short} cut short by the crash, " if self.steps_cut_short else
+                    f"{self.steps_running} running, ") + f"{self.steps_retried} retried attempts",
                  f"  elapsed   {_dur(self.elapsed_s)}"]
         if self.step_rate:
             lines.append(f"  rate      {self.step_rate:.2f} steps/s; {self.step_s_per_sample or 0:.2f} s per step "
@@ -126,6 +128,15 @@ def _chain_step_s(sm: pd.DataFrame, completed_steps: pd.DataFrame) -> float | No
     return float(per_step.mean()) if len(per_step) else None
 
 
+def _cut_short(eta: Eta) -> None:
+    """A crashed batch's attempts left `running` run no more and are not done: a tool call among them may
+    have taken effect (a gateway's /mcp call, an external environment's step), so say so."""
+    if eta.steps_running:
+        eta.steps_cut_short, eta.steps_running = eta.steps_running, 0
+        eta.notes.append(f"{eta.steps_cut_short} step(s) were in flight when the process stopped: not done, and "
+                         "a tool call among them may have taken effect (check the tool's state before repeating it)")
+
+
 def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
     """Progress and ETA of a batch; raises frames.UnknownBatch for an unknown id."""
     data = load_batch(store, batch_id)
@@ -151,6 +162,7 @@ def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
         why = (f"the process running the batch ({', '.join(dead)}) no longer exists on this host" if dead
                else f"no heartbeat for {_dur(eta.heartbeat_age_s or 0.0)}: the process running the batch is gone")
         eta.notes.append(f"{why}; continue with: agentbatch resume {batch_id}")
+        _cut_short(eta)
         return eta
     remaining = _expected_remaining(store, data, eta)
     eta.remaining_steps = float(remaining.sum())

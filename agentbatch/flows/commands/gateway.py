@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,10 +179,12 @@ def stored_config(config: Any) -> dict[str, Any]:
 
 
 async def _watch(gateway: Any, options: dict[str, Any]) -> None:
-    """Announce the endpoints once open; then a progress bar and the Prefect progress artifact."""
+    """Announce the endpoints once open; then a progress bar, the Prefect progress artifact and the
+    batch's heartbeat."""
     from tqdm import tqdm
 
     from agentbatch.dashboards.artifacts import BatchProgressArtifact
+    from agentbatch.flows.progress import HEARTBEAT_S
 
     while not gateway.opened:
         await asyncio.sleep(0.05)
@@ -196,9 +199,13 @@ async def _watch(gateway: Any, options: dict[str, Any]) -> None:
                disable=None if options["progress"] else True)
     artifact = BatchProgressArtifact()
     await artifact.start(gateway.batch_id, options["expect"] or 0)
+    beat_at = time.monotonic()
     try:
         while True:
             await asyncio.sleep(1.0)
+            if time.monotonic() - beat_at >= HEARTBEAT_S:  # alive: `status` reads a batch without beats crashed
+                beat_at = time.monotonic()
+                await asyncio.to_thread(gateway.store.heartbeat, gateway.batch_id)
             done = sum(1 for s in registry.samples.values() if s.ends and not s.admitted)
             if not options["expect"]:
                 bar.total = artifact.total = len(registry.samples)
