@@ -118,6 +118,7 @@ CASES = [
     Case("mcp-hide-matches-nothing", "tools_hide: 'dbg_*' matches no tool", mcp(tools_hide=["dbg_*"])),
     Case("mcp-no-tool-left", "the model would see none", mcp(tools_allow=["debug_*"])),
     Case("mcp-state-tool-unknown", "state_tool: no tool 'dump_state'", mcp(state_tool="dump_state")),
+    Case("mcp-reconcile-tool-unknown", "reconcile_tool: no tool 'did_it_run'", mcp(reconcile_tool="did_it_run")),
     Case("mcp-field-mapping-typo", "task_file.fields.system: no record", mcp(task_file={
         "path": str(TASKS / "good.jsonl"), "fields": {"id": "task_id", "turns": "asks", "system": "sytem_prompt"}})),
     Case("mcp-inject-template-typo", "inject.state_key: cannot fill '{sampel_key}'",
