@@ -38,6 +38,18 @@ pytest.skip("no vLLM (simulated)", allow_module_level=True)
 def test_never_runs():
     pass
 '''
+GROUPED = '''
+import os
+import pytest
+
+pytestmark = pytest.mark.xdist_group("one")
+
+@pytest.fixture(scope="module")
+def expensive(tmp_path_factory):
+    with open(os.environ["SETUPS_FILE"], "a") as f:
+        f.write(os.environ.get("PYTEST_XDIST_WORKER", "main") + "\\n")
+    return 1
+''' + "".join(f"\ndef test_{i}(expensive):\n    assert expensive\n" for i in range(6))
 NEEDS_PG = '''
 def test_uses_pg(pg_url):
     assert pg_url
@@ -88,6 +100,18 @@ def test_skips_fail_under_ci_in_parallel_workers(tmp_path: Path) -> None:
     assert ci.returncode == 1 and "1 failed, 2 errors" in ci.stdout, ci.stdout
     for reason in ("no Docker engine (simulated)", "service missing (simulated)", "no vLLM (simulated)"):
         assert f"skipped under CI=true, which runs every test: Skipped: {reason}" in ci.stdout, ci.stdout
+
+
+def test_xdist_group_keeps_a_module_fixture_on_one_worker(tmp_path: Path) -> None:
+    """`make test` relies on `--dist loadgroup`: a group's tests share one worker, so an expensive module
+    fixture (vLLM workers, a Docker image) starts once. A pytest / pytest-xdist pair that ignores the
+    marks spreads the tests over every worker and starts the fixture on each."""
+    setups = tmp_path / "setups.txt"
+    ungrouped = {f"test_other{i}.py": "def test_x():\n    pass\n" for i in range(4)}
+    done = run_pytest(tmp_path, {"test_grouped.py": GROUPED, **ungrouped}, "-n", "3", "--dist", "loadgroup",
+                      SETUPS_FILE=str(setups))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(setups.read_text().split()) == 1, setups.read_text()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("pg_ctlcluster") is None,
