@@ -15,14 +15,16 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from agentbatch.db.models import Sample, SampleStatus
+from agentbatch.db.models import Batch, Sample, SampleStatus
 from agentbatch.db.step_records import SampleRef
 
 
 def add_sample(session: Session, ref: SampleRef, batch_id: int, task_id: str,
                task: dict[str, Any] | None = None) -> int:
     """Append a sample to a running batch (index = one past the last); sets and returns its row id.
-    It stays `pending` until admitted."""
+    It stays `pending` until admitted. Under a lock on the batch row: gateway processes that serve one
+    batch together append rows at the same time, and the index is unique in the batch."""
+    session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
     last = session.scalar(select(func.max(Sample.index)).where(Sample.batch_id == batch_id))
     sample = Sample(batch_id=batch_id, index=(-1 if last is None else last) + 1, task_id=task_id,
                     task=task or {}, status=SampleStatus.PENDING)

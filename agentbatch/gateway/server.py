@@ -28,9 +28,11 @@ from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 from agentbatch.engines.metrics import MetricsScraper
 from agentbatch.environments.mcp_client import McpServerSpec
+from agentbatch.gateway.cluster import Cluster, ClusterSettings
 from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
 from agentbatch.gateway.guard import Guard, allowed_hosts, guarded_http, mcp_security
 from agentbatch.gateway.inference import routes
+from agentbatch.gateway.routing import ClusterRouter
 from agentbatch.gateway.samples import SampleRegistry
 from agentbatch.gateway.state import GatewaySettings, GatewayState, abandon_step
 from agentbatch.gateway.tools import ToolGateway
@@ -55,7 +57,8 @@ class GatewayBatch:
 class Gateway:
     def __init__(self, store: Store, coordinator: Coordinator, endpoints: Sequence[WorkerEndpoint], *,
                  batch: GatewayBatch | None = None, upstreams: Sequence[McpServerSpec] = (),
-                 settings: GatewaySettings | None = None) -> None:
+                 settings: GatewaySettings | None = None, cluster: ClusterSettings | None = None) -> None:
+        """`cluster`: this process is one of several serving the batch `batch.batch_id` (which exists)."""
         if sorted(e.name for e in endpoints) != sorted(coordinator.workers):
             raise ValueError("the coordinator's workers and the endpoints must be the same names")
         self.store = store
@@ -81,11 +84,18 @@ class Gateway:
         self.opened = False
         self._sweeper: asyncio.Task[None] | None = None
         self._scraper: MetricsScraper | None = None
+        self.cluster: Cluster | None = None
+        self.router: ClusterRouter | None = None
+        if cluster is not None:
+            if self.batch.batch_id is None:
+                raise ValueError("a gateway process of several serves an existing batch: give its id")
+            self.cluster = Cluster(store, self.batch.batch_id, coordinator, cluster)
         self._tool_server = self.tools.server()
         self.hosts = allowed_hosts(self.settings.bind_host, self.settings.allowed_hosts)
+        # Several processes: an MCP session must not be bound to one of them (stateless transport).
         self._mcp_app = self._tool_server.streamable_http_app(
             host=self.settings.bind_host, transport_security=mcp_security(self.hosts),
-            max_request_body_size=self.settings.max_body_bytes)
+            max_request_body_size=self.settings.max_body_bytes, stateless_http=cluster is not None)
         for name in NOISY_LOGGERS:
             if logging.getLogger(name).level < logging.WARNING:
                 logging.getLogger(name).setLevel(logging.WARNING)
@@ -99,6 +109,8 @@ class Gateway:
         batch_id = await asyncio.to_thread(self._open_batch)
         self.state.batch_id = self.state.registry.batch_id = batch_id
         await self.tools.start()
+        if self.cluster is not None:
+            await self.cluster.start()
         if self.settings.metrics_interval_s > 0:
             self._scraper = MetricsScraper({e.name: e.base_url for e in self.endpoints}, store=self.store,
                                            batch_id=batch_id, interval_s=self.settings.metrics_interval_s)
@@ -115,6 +127,8 @@ class Gateway:
         if batch_id is None:
             batch_id = store.create_batch(self.batch.name, self.batch.config, [])
         store.mark_batch_running(batch_id, self.batch.flow_run_id)
+        if self.cluster is not None:  # whoever started the processes registered the workers
+            return batch_id
         for e in self.endpoints:
             store.upsert_worker(batch_id, e.name, "engine", endpoint=e.base_url)
         return batch_id
@@ -149,7 +163,12 @@ class Gateway:
         await state.pool.aclose()
         await self.tools.aclose()
         await state.recorder.aclose()  # every record committed ...
-        await asyncio.to_thread(self.store.finish_batch, state.batch_id, status, error)  # ... then the end
+        if self.router is not None:
+            await self.router.aclose()
+        if self.cluster is not None:  # ... then the end, by the last process to leave
+            await self.cluster.leave(status, error)
+        else:
+            await asyncio.to_thread(self.store.finish_batch, state.batch_id, status, error)
 
     def request_stop(self) -> None:
         if self.on_stop is not None:
@@ -167,17 +186,25 @@ class Gateway:
                     await self.close()
 
         mcp_routes = [r for r in self._mcp_app.routes if isinstance(r, Route)]
-        app = Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes], lifespan=lifespan)
+        extra = [self.tools.internal_route()] if self.cluster is not None else []
+        app: Any = Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes, *extra], lifespan=lifespan)
+        if self.cluster is not None:
+            self.router = app = ClusterRouter(app, self.cluster)
+            self.tools.owner_url, self.tools.forwarder = self.cluster.url_of, self.router.session
         return Guard(app, hosts=self.hosts, max_body_bytes=self.settings.max_body_bytes,
                      body_timeout_s=self.settings.body_timeout_s)
 
 # --- running it ----------------------------------------------------------------------------------------
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A bound socket for the server (port 0: a free one); OSError when the address is taken."""
+def listen_socket(host: str, port: int, *, shared: bool = False) -> socket.socket:
+    """A bound socket for the server (port 0: a free one); OSError when the address is taken.
+    `shared`: other processes may listen on the same port (SO_REUSEPORT: the kernel spreads the
+    connections among them)."""
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY on accepted connections only for sockets that say so
     # (without it, small responses wait for delayed ACKs: +40 ms a request).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError:

@@ -14,9 +14,10 @@ isError result and a failed step per attempt.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import aiohttp
 import mcp_types as types
 from mcp.server.lowlevel import Server
 
@@ -29,11 +30,13 @@ from agentbatch.environments.mcp_env import (
     open_toolset,
     reconnect_dead,
 )
+from agentbatch.gateway.cluster import ROUTED_HEADER
 from agentbatch.gateway.identity import MCP_META_KEY, SampleIdError, tool_sample_key
 from agentbatch.gateway.state import GatewayState, acquire_step, release_step
 from agentbatch.protocols.retry import Call, Effects, StepFailed
 from agentbatch.scheduling.types import StepKind
 
+TOOL_CALL_PATH = "/v1/internal/tool-call"  # a tool call forwarded to the process owning its sample
 
 def _error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
@@ -48,6 +51,9 @@ class ToolGateway:
         self._reconnecting = asyncio.Lock()
         self.sessions = SampleSessions(set(per_sample), state.settings.call_timeout_s)
         state.registry.on_end.append(lambda sample: self.sessions.end(sample.key))
+        # With several processes: the owner's internal URL of a sample (None: this one) and the client.
+        self.owner_url: Callable[[str], str | None] | None = None
+        self.forwarder: Callable[[], aiohttp.ClientSession] | None = None
 
     async def start(self) -> None:
         if not self.specs:
@@ -81,8 +87,24 @@ class ToolGateway:
         return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
 
     async def call(self, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        """One tool call of sample `key`, through the environment-slot gate; retried only where the
-        retry rule allows a call with outside effects (`_call_of`)."""
+        """One tool call of sample `key`: on the process that owns the sample (`gateway/routing.py`)."""
+        if self.owner_url is not None and (url := self.owner_url(key)) is not None:
+            return await self._call_at(url, key, name, arguments)
+        return await self.call_here(key, name, arguments)
+
+    async def _call_at(self, url: str, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        assert self.forwarder is not None
+        try:
+            async with self.forwarder().post(url + TOOL_CALL_PATH, headers={ROUTED_HEADER: "1"},
+                                             json={"sample": key, "name": name, "arguments": arguments}) as resp:
+                data = await resp.json(content_type=None)
+            return types.CallToolResult.model_validate(data)
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            return _error_result(f"tool {name!r}: the gateway process owning sample {key!r} is unreachable: {exc}")
+
+    async def call_here(self, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
+        """One tool call of sample `key` on this process, through the environment-slot gate; retried
+        only where the retry rule allows a call with outside effects (`_call_of`)."""
         route = self.toolset.route.get(name) if self.toolset else None
         if route is None or route[1].startswith(HIDDEN_PREFIX):
             return _error_result(f"unknown tool {name!r}")
@@ -120,6 +142,19 @@ class ToolGateway:
                 state.registry.leave(sample)
                 state.counters.tool_calls += 1
         return result
+
+    def internal_route(self) -> Any:
+        """`POST /v1/internal/tool-call` {sample, name, arguments}: a call another process forwarded."""
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def handle(request: Request) -> JSONResponse:
+            data = await request.json()
+            result = await self.call_here(str(data["sample"]), str(data["name"]), dict(data.get("arguments") or {}))
+            return JSONResponse(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+        return Route(TOOL_CALL_PATH, handle, methods=["POST"])
 
     def _call_of(self, name: str, arguments: dict[str, Any]) -> Call:
         """The call as the retry rule sees it: its effects land upstream, so a failure after it was sent

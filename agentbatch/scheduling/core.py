@@ -228,6 +228,19 @@ class SchedulingCore:
         self.environment.resize(slots)
         return self._pump(self.environment, now)
 
+    def set_capacities(self, capacities: Mapping[str, int], now: float) -> list[Grant]:
+        """Resize pools by name (`admission`, `environment`, a worker's name); 0 is allowed: a process's
+        share of a limit that several processes split may be none for now. A lower capacity takes effect
+        as held slots come back; waiting tickets are granted when it grows."""
+        grants: list[Grant] = []
+        for pool in self.pools():
+            if pool.name in capacities:
+                if capacities[pool.name] < 0:
+                    raise ValueError(f"{pool.name}: capacity must be >= 0, got {capacities[pool.name]}")
+                pool.resize(capacities[pool.name])
+                grants += self._pump(pool, now)
+        return grants
+
     def enable_adaptive_admission(self, controller: AdmissionController, counters: CountersHook | None) -> None:
         """Let `controller` set the admission limit after each window of completed steps, from the
         core's queues and the engines' counters (`counters`: the engine model's metrics in virtual

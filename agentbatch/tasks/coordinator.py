@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agentbatch.scheduling.admission_control import EngineMeasurements
@@ -119,6 +119,14 @@ class Coordinator:
         """Change the environment slots while the batch runs (waiting actions start at once when they
         grow; fewer take effect as running actions end)."""
         self._deliver(self.core.set_env_slots(slots, self.clock()))
+
+    def capacities(self) -> dict[str, tuple[int, int]]:
+        """(capacity, in use) of each pool by name: `admission`, `environment` and each worker."""
+        return {p.name: (p.capacity, p.in_use) for p in self.core.pools()}
+
+    def set_capacities(self, capacities: Mapping[str, int]) -> None:
+        """Resize pools by name (0 allowed), e.g. to this process's share of limits split among processes."""
+        self._deliver(self.core.set_capacities(capacities, self.clock()))
 
     # --- steps --------------------------------------------------------------------------------------
     async def acquire(self, ticket: StepTicket) -> str:

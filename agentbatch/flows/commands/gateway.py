@@ -7,18 +7,21 @@ import asyncio
 import contextlib
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentbatch.flows.commands._common import add_db_option, fail
+from agentbatch.flows.commands._gateway_processes import (
+    GatewayStartError,
+    member_settings,
+    stored_config,
+    supervise,
+)
 from agentbatch.flows.commands._launch import ready_prefect, start_prefect
 
 if TYPE_CHECKING:
     from agentbatch.flows.prefect_server import PrefectApi
-
-
-class GatewayStartError(Exception):
-    """The gateway cannot start (address in use): nothing was written."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,6 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", type=Path, metavar="DIR", help="write the HTML/PNG report to DIR at the end")
     p.add_argument("--no-prefect", action="store_true", help="no Prefect flow run (and no artifacts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="serve with N processes on the one port (one batch: samples partitioned among them by a "
+                   "hash of their id, the batch's limits split among them)")
+    p.add_argument("--batch", type=int, default=None, metavar="ID",
+                   help="join the running gateway batch ID as one more process (e.g. on another host, one "
+                   "PostgreSQL store): its limits are split among all the batch's gateway processes")
+    p.add_argument("--member", action="store_true", help=argparse.SUPPRESS)  # started by --processes
     p.set_defaults(func=main)
 
 
@@ -83,11 +93,19 @@ def _check(args: argparse.Namespace) -> tuple[Any, list[Any], list[Any]] | str:
         return f"--mcp-per-sample: {', '.join(unknown)} not among the --mcp servers {[u.name for u in upstreams]}"
     if not 0 < args.port < 65536:
         return f"--port: expected 1..65535, got {args.port}"
+    if problem := _number_problem(args):
+        return problem
+    return config, endpoints, upstreams
+
+
+def _number_problem(args: argparse.Namespace) -> str | None:
     if args.idle_timeout <= 0:
         return f"--idle-timeout: expected seconds > 0, got {args.idle_timeout}"
+    if args.processes < 1 or (args.processes > 1 and args.batch is not None):
+        return f"--processes: expected 1..N processes (not with --batch), got {args.processes}"
     if args.expect is not None and args.expect < 1:
         return f"--expect: expected a positive number of samples, got {args.expect}"
-    return config, endpoints, upstreams
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,7 +115,8 @@ def main(args: argparse.Namespace) -> int:
     options = {"host": args.host, "port": args.port, "expect": args.expect,
                "report": str(args.report) if args.report else None, "progress": not args.no_progress,
                "idle_timeout": args.idle_timeout, "end_on_answer": not args.no_end_on_answer,
-               "allow_host": list(args.allow_host), "mcp_per_sample": list(args.mcp_per_sample)}
+               "allow_host": list(args.allow_host), "mcp_per_sample": list(args.mcp_per_sample),
+               "batch": args.batch, "member": args.member}
     # The same Prefect server and secret handling as `run` (flows/launch.py); no server without Prefect.
     api = start_prefect(start_server=not args.no_prefect)
     if not args.no_prefect and (problem := ready_prefect(api, quiet=True)):
@@ -105,11 +124,17 @@ def main(args: argparse.Namespace) -> int:
     from agentbatch.db.engine import resolve_url
 
     db = resolve_url(args.db)
+
+    async def serve() -> int:
+        if args.processes > 1:
+            return await supervise(args, checked, db, options)
+        return await serve_gateway(checked, db, options)
+
     try:
         if args.no_prefect:
-            asyncio.run(serve_gateway(checked, db, options))
+            asyncio.run(serve())
         else:
-            asyncio.run(gateway_flow(args, checked, db, options, api))
+            asyncio.run(gateway_flow(args, serve, db, options, api))
     except GatewayStartError as exc:
         return fail(str(exc))
     return 0
@@ -131,32 +156,38 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
     # loop gives the lock up and may wait a whole switch interval (5 ms by default) to get it back.
     # A gateway process does little else, so switch ten times as often.
     sys.setswitchinterval(0.0005)
-    try:  # before the store is opened: an address in use leaves nothing behind
-        sock = listen_socket(options["host"], options["port"])
-    except OSError as exc:
-        raise GatewayStartError(f"--host/--port: cannot listen on {options['host']}:{options['port']}: {exc}") from exc
+    joined = options.get("batch")
+    sock, internal = _sockets(options, listen_socket)  # before the store is opened: an address in use leaves nothing
     from prefect.context import FlowRunContext
 
     run = FlowRunContext.get()
     store = Store(db)
-    batch = GatewayBatch(config.name, stored_config(config),
+    batch = GatewayBatch(config.name, stored_config(config), batch_id=joined,
                          flow_run_id=str(run.flow_run.id) if run and run.flow_run else None)
+    cluster, hosts = member_settings(options["host"], internal, tuple(options.get("allow_host") or ()))
     gateway = Gateway(store, build_coordinator(config, [e.name for e in endpoints]), endpoints,
                       batch=batch, upstreams=upstreams,
                       settings=GatewaySettings(idle_timeout_s=options["idle_timeout"],
                                                end_on_answer=options["end_on_answer"],
                                                retry=config.retries.policy(), bind_host=options["host"],
-                                               allowed_hosts=tuple(options.get("allow_host") or ()),
-                                               per_sample_upstreams=tuple(options.get("mcp_per_sample") or ())))
+                                               allowed_hosts=hosts,
+                                               per_sample_upstreams=tuple(options.get("mcp_per_sample") or ())),
+                      cluster=cluster)
     server = uvicorn_server(gateway)
-    watcher = asyncio.create_task(_watch(gateway, options))
+    watcher = asyncio.create_task(_watch(gateway, options)) if not options.get("member") else None
     try:
-        await server.serve(sockets=[sock])
+        await server.serve(sockets=[sock] + ([internal] if internal is not None else []))
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        sock.close()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        for s in (sock, internal):
+            if s is not None:
+                s.close()
+    if options.get("member"):  # the process that started the members reports the batch
+        store.close()
+        return gateway.batch_id
     report = Path(options["report"]) if options["report"] else None
     report_path = write_report(store, [gateway.batch_id], report) if report is not None else None
     await publish_batch_artifacts(store, gateway.batch_id, report_path=report_path)
@@ -167,15 +198,15 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
     return gateway.batch_id
 
 
-def stored_config(config: Any) -> dict[str, Any]:
-    """The config as the batch records it: API keys of the endpoints are not stored."""
-    data = config.model_dump(mode="json")
-    endpoints = data["engine"]["params"].get("endpoints")
-    if isinstance(endpoints, list):
-        for endpoint in endpoints:
-            if isinstance(endpoint, dict) and endpoint.get("api_key"):
-                endpoint["api_key"] = "(not stored)"
-    return data
+def _sockets(options: dict[str, Any], listen_socket: Callable[..., Any]) -> tuple[Any, Any]:
+    """The public socket (shared when this process is one of several serving a batch) and, then, the
+    internal one the others forward to."""
+    joined = options.get("batch") is not None
+    try:
+        sock = listen_socket(options["host"], options["port"], shared=joined)
+        return sock, listen_socket(options["host"], 0) if joined else None
+    except OSError as exc:
+        raise GatewayStartError(f"--host/--port: cannot listen on {options['host']}:{options['port']}: {exc}") from exc
 
 
 async def _watch(gateway: Any, options: dict[str, Any]) -> None:
@@ -218,7 +249,7 @@ async def _watch(gateway: Any, options: dict[str, Any]) -> None:
         await artifact.flush()
 
 
-async def gateway_flow(args: argparse.Namespace, checked: tuple[Any, list[Any], list[Any]], db: str,
+async def gateway_flow(args: argparse.Namespace, serve: Callable[[], Awaitable[int]], db: str,
                        options: dict[str, Any], api: PrefectApi) -> int:
     """The gateway as a Prefect flow run (`agentbatch-gateway`), with the batch's artifacts, started
     as every run is (`flows/launch.py`: the store URL recorded without its password)."""
@@ -228,7 +259,7 @@ async def gateway_flow(args: argparse.Namespace, checked: tuple[Any, list[Any], 
 
     @flow(name="agentbatch-gateway", validate_parameters=False, persist_result=False, log_prints=False)
     async def agentbatch_gateway(config_path: str, mcp: list[str], db_url: str, options: dict[str, Any]) -> int:
-        return await serve_gateway(checked, db, options)  # the config as checked, the store URL as given
+        return await serve()  # the config as checked, the store URL as given
 
     params = {"config_path": str(args.config), "mcp": list(args.mcp), "db_url": db, "options": options}
     return int(await launch_flow(agentbatch_gateway, params, api=api))

@@ -1,0 +1,122 @@
+"""Requests that reach a gateway process whose sample another process owns go to the owner.
+
+With several processes (`gateway/cluster.py`) every process listens on the public port
+(SO_REUSEPORT: the kernel spreads the connections) and on an internal one. A chat request is
+identified as the gateway identifies it (`identity.py`: the explicit id, else the opening of the
+conversation, which every later request of the conversation repeats) and, when another process owns
+that sample, forwarded to the owner's internal port as it came, its answer (or SSE stream) passed
+back as it goes. A sample's finish goes to its owner; a batch finish goes to every process. Tool
+calls are forwarded one level deeper (`ToolGateway`): the MCP session stays with the process that
+holds it, the call runs on the process that owns the call's sample.
+
+Why forwarding and not one front process: a front process would carry every request's bytes and
+parse every body on one core, which caps the whole gateway at one core's rate; with forwarding each
+process parses the bodies of its own connections and the owner does the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import aiohttp
+
+from agentbatch.gateway.cluster import ROUTED_HEADER, Cluster
+from agentbatch.gateway.identity import SAMPLE_HEADER, SampleIdError, explicit_inference_id, opening_hash
+
+# Hop-by-hop headers, and those the forwarding sets itself.
+_DROPPED = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"accept-encoding"}
+_PASSED_BACK = ("content-type", "cache-control")
+
+
+def routing_key(headers: dict[str, str], body: bytes) -> str | None:
+    """The sample key a chat request routes by (None: not a request the gateway would take)."""
+    if (value := headers.get(SAMPLE_HEADER)) is not None:
+        return value  # checked by the owner, which answers a bad one
+    try:
+        data = json.loads(body)
+        explicit = explicit_inference_id(headers, data)
+    except (ValueError, SampleIdError, AttributeError, TypeError):
+        return None
+    if explicit is not None:
+        return explicit
+    messages = data.get("messages")
+    return f"conv-{opening_hash(messages)}" if isinstance(messages, list) and messages else None
+
+
+class ClusterRouter:
+    """ASGI middleware (inside `Guard`, which has read the body): forward to the owner, or serve here."""
+
+    def __init__(self, app: Any, cluster: Cluster) -> None:
+        self.app = app
+        self.cluster = cluster
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None), connector=aiohttp.TCPConnector(limit=0),
+                auto_decompress=False)
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if ROUTED_HEADER in headers:
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        if path == "/v1/batch/finish":
+            for url in self.cluster.others():
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with self.session().post(url + path, headers={ROUTED_HEADER: "1"}) as resp:
+                        await resp.read()
+            await self.app(scope, receive, send)
+            return
+        message = await receive()
+        body = message.get("body", b"")
+        key: str | None = None
+        if path == "/v1/chat/completions":
+            key = routing_key(headers, body)
+        elif path.startswith("/v1/samples/") and path.endswith("/finish"):
+            key = path[len("/v1/samples/"):-len("/finish")]
+        owner_url = self.cluster.url_of(key) if key is not None else None
+        if owner_url is None:
+            sent = False
+
+            async def replay() -> Any:
+                nonlocal sent
+                if not sent:
+                    sent = True
+                    return message
+                return await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self._forward(owner_url + path, scope, headers, body, send)
+
+    async def _forward(self, url: str, scope: Any, headers: dict[str, str], body: bytes, send: Any) -> None:
+        out = {k: v for k, v in headers.items() if k.encode() not in _DROPPED}
+        out[ROUTED_HEADER] = "1"
+        try:
+            async with self.session().post(url, data=body, headers=out) as resp:
+                passed = [(k.encode(), resp.headers[k].encode()) for k in _PASSED_BACK if k in resp.headers]
+                await send({"type": "http.response.start", "status": resp.status, "headers": passed})
+                async for chunk in resp.content.iter_any():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            error = json.dumps({"error": {"message": f"the gateway process owning this sample is unreachable: {exc}",
+                                          "type": "BadGatewayError", "code": 502}}).encode()
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.start", "status": 502,
+                            "headers": [(b"content-type", b"application/json")]})
+                await send({"type": "http.response.body", "body": error, "more_body": False})
