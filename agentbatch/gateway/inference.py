@@ -15,13 +15,14 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
+import aiohttp
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentbatch.db.step_records import inference_request
-from agentbatch.gateway.forward import StreamAccumulator, is_answer, outcome_of
+from agentbatch.gateway import jsonio
+from agentbatch.gateway.forward import TRANSPORT_ERRORS, StreamAccumulator, is_answer, outcome_of
 from agentbatch.gateway.identity import SampleIdError, check_sample_id, explicit_inference_id
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
 from agentbatch.gateway.state import GatewayState, HeldSlot, abandon_step, acquire_step, release_step
@@ -30,7 +31,16 @@ from agentbatch.protocols.retry import Call, StepFailed
 from agentbatch.scheduling.types import StepKind
 
 log = logging.getLogger("agentbatch.gateway")
-SendResult = tuple[httpx.Response | None, str | None]  # (response, error when the retries ran out)
+class Answer:
+    """A worker's answer read whole: status and bytes."""
+
+    def __init__(self, status: int, content: bytes) -> None:
+        self.status_code = status
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
 
 
 def error_response(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
@@ -43,43 +53,48 @@ def request_record(sample: GatewaySample, body: dict[str, Any], priority: int | 
     messages = body["messages"]
     start = sample.seen_messages if sample.seen_messages <= len(messages) else 0
     tools = body.get("tools")
-    signature = hash(json.dumps(tools, sort_keys=True, default=str)) if tools else 0
-    changed = bool(tools) and (start == 0 or signature != sample.tools_signature)
-    sample.seen_messages, sample.tools_signature = len(messages), signature
+    # Compared as values (no serialising of the schemas per request); harnesses resend equal lists.
+    changed = bool(tools) and (start == 0 or tools != sample.last_tools)
+    sample.seen_messages, sample.last_tools = len(messages), tools or None
     return inference_request(messages, tools, priority, messages_from=start, with_tools=changed)
 
 
-async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any], record: dict[str, Any]) -> SendResult:
-    """POST to the chosen worker (response opened as a stream); connection errors and HTTP 5xx are
-    engine failures, retried by the one retry rule (`protocols/retry.py`); every attempt is a step
-    row. When the retries run out the error is set (with the worker's last 5xx answer, if any)."""
+async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any],
+                record: dict[str, Any]) -> tuple[aiohttp.ClientResponse | None, Answer | None, str | None]:
+    """POST to the chosen worker (the response left open, to be read or streamed); connection errors
+    and HTTP 5xx are engine failures, retried by the one retry rule (`protocols/retry.py`); every
+    attempt is a step row. When the retries run out: the error (with the worker's last 5xx answer)."""
     worker = held.ticket.worker
     assert worker is not None
-    client = state.pool.clients[worker]
-    last: list[httpx.Response] = []  # the last 5xx answer, read and closed
+    last: list[Answer] = []  # the last 5xx answer, read whole
 
-    async def attempt(n: int) -> httpx.Response:
+    async def attempt(n: int) -> aiohttp.ClientResponse:
         held.begin(state, record)
         try:
-            resp = await client.send(client.build_request("POST", "/chat/completions", json=body), stream=True)
-        except httpx.HTTPError as exc:
+            resp = await state.pool.post(worker, body)
+        except TRANSPORT_ERRORS as exc:
             error = f"{worker}: {exc.__class__.__name__}: {exc}"
             held.fail(state, error)
             raise EngineFailure(error) from exc
-        if resp.status_code < 500:
+        if resp.status < 500:
             return resp
-        await resp.aread()
-        await resp.aclose()
-        error = f"{worker}: HTTP {resp.status_code}: {resp.text[:300]}"
+        try:
+            answer = Answer(resp.status, await resp.read())
+        except TRANSPORT_ERRORS:
+            answer = Answer(resp.status, b"")
+        finally:
+            resp.release()
+        error = f"{worker}: HTTP {resp.status}: {answer.text[:300]}"
         held.fail(state, error)
-        last[:] = [resp]
+        last[:] = [answer]
         raise EngineFailure(error)
 
     try:
-        return await state.settings.retry.run(Call(StepKind.INFERENCE, f"inference step {held.ticket.step_index}"),
-                                              attempt), None
+        resp = await state.settings.retry.run(Call(StepKind.INFERENCE, f"inference step {held.ticket.step_index}"),
+                                              attempt)
+        return resp, None, None
     except StepFailed as exc:
-        return (last[0] if last else None), str(exc.__cause__ or exc)
+        return None, (last[0] if last else None), str(exc.__cause__ or exc)
 
 
 def _done(state: GatewayState, held: HeldSlot, *, completed: bool, answered: bool = False) -> None:
@@ -91,23 +106,23 @@ def _done(state: GatewayState, held: HeldSlot, *, completed: bool, answered: boo
     state.counters.failed += not completed
 
 
-async def _answer(state: GatewayState, held: HeldSlot, resp: httpx.Response) -> Response:
+async def _answer(state: GatewayState, held: HeldSlot, response: aiohttp.ClientResponse) -> Response:
     """A whole (non-streamed) answer: record it and hand it back unchanged."""
     try:
-        await resp.aread()
-    except httpx.HTTPError as exc:  # the worker went away in the middle of its answer
+        resp = Answer(response.status, await response.read())
+    except TRANSPORT_ERRORS as exc:  # the worker went away in the middle of its answer
         error = f"{held.ticket.worker}: {exc.__class__.__name__}: {exc}"
         held.fail(state, error)
         _done(state, held, completed=False)
         return error_response(502, f"worker {held.ticket.worker} broke off its answer: {error}", "BadGatewayError")
     finally:
-        await resp.aclose()
+        response.release()
     if resp.status_code >= 400:
         held.fail(state, f"{held.ticket.worker}: HTTP {resp.status_code}: {resp.text[:300]}")
         _done(state, held, completed=False)
         return Response(resp.content, status_code=resp.status_code, media_type="application/json")
     try:
-        data = resp.json()
+        data = jsonio.loads(resp.content)
         message = data["choices"][0]["message"]
     except (ValueError, KeyError, IndexError, TypeError):
         held.fail(state, f"{held.ticket.worker}: malformed answer: {resp.text[:300]}")
@@ -133,7 +148,7 @@ class _GuardedStream(StreamingResponse):
             self.cleanup(False)
 
 
-def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usage: bool) -> Response:
+def _stream(state: GatewayState, held: HeldSlot, resp: aiohttp.ClientResponse, keep_usage: bool) -> Response:
     """Pass the worker's SSE events through as they come; record the rebuilt answer at the end."""
     acc = StreamAccumulator()
     state.counters.streamed += 1
@@ -154,17 +169,17 @@ def _stream(state: GatewayState, held: HeldSlot, resp: httpx.Response, keep_usag
     async def events() -> AsyncIterator[bytes]:
         completed = False
         try:
-            async for raw in resp.aiter_bytes():
+            async for raw in resp.content.iter_any():
                 if out := acc.feed(raw, keep_usage_chunk=keep_usage):
                     yield out
             if rest := acc.flush():
                 yield rest
             completed = True
         finally:
-            await resp.aclose()
+            resp.release()
             cleanup(completed)
 
-    return _GuardedStream(events(), cleanup, status_code=resp.status_code, media_type="text/event-stream")
+    return _GuardedStream(events(), cleanup, status_code=resp.status, media_type="text/event-stream")
 
 
 def body_error(body: Any) -> str | None:
@@ -185,8 +200,8 @@ def body_error(body: Any) -> str | None:
 
 async def _read_body(request: Request) -> dict[str, Any] | Response:
     try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        body = jsonio.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
         return error_response(400, "request body is not JSON")
     if error := body_error(body):
         return error_response(400, error)
@@ -197,14 +212,14 @@ async def _forward(state: GatewayState, held: HeldSlot, body: dict[str, Any]) ->
     sample, worker = held.sample, held.ticket.worker or ""
     priority = state.coordinator.request_priority(sample.progress)
     forward = state.pool.body_for(worker, body, priority=priority, user=sample.key)
-    resp, error = await _send(state, held, forward, request_record(sample, body, priority))
+    resp, last, error = await _send(state, held, forward, request_record(sample, body, priority))
     if error is not None:  # retries ran out: the attempts are recorded as failed
         _done(state, held, completed=False)
-        if resp is not None:  # the worker's own 5xx answer
-            return Response(resp.content, status_code=resp.status_code, media_type="application/json")
+        if last is not None:  # the worker's own 5xx answer
+            return Response(last.content, status_code=last.status_code, media_type="application/json")
         return error_response(502, f"worker {worker} unreachable: {error}", "BadGatewayError")
     assert resp is not None
-    if body.get("stream") and resp.status_code < 400:
+    if body.get("stream") and resp.status < 400:
         return _stream(state, held, resp, bool((body.get("stream_options") or {}).get("include_usage")))
     return await _answer(state, held, resp)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import aiohttp
 
+from agentbatch.gateway import jsonio
 from agentbatch.gateway.cluster import ROUTED_HEADER, Cluster
 from agentbatch.gateway.identity import SAMPLE_HEADER, SampleIdError, explicit_inference_id, opening_hash
 
@@ -36,7 +37,7 @@ def routing_key(headers: dict[str, str], body: bytes) -> str | None:
     if (value := headers.get(SAMPLE_HEADER)) is not None:
         return value  # checked by the owner, which answers a bad one
     try:
-        data = json.loads(body)
+        data = jsonio.loads(body)
         explicit = explicit_inference_id(headers, data)
     except (ValueError, SampleIdError, AttributeError, TypeError):
         return None

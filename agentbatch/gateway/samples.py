@@ -54,7 +54,7 @@ class GatewaySample:
     in_flight: int = 0
     last_active: float = 0.0
     seen_messages: int = 0  # messages of the last inference request (later ones record only what is new)
-    tools_signature: int = 0  # of the last request's tools (recorded again when they change)
+    last_tools: list[Any] | None = None  # the last request's tools (recorded again when they change)
     pending_end: SampleEnd | None = None  # an end that waits for the steps in flight
     by_conversation: bool = False  # named by the conversation tree (no explicit id)
     yielded: bool = False  # gave its admission slot to a waiting sample without ending

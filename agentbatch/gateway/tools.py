@@ -84,7 +84,13 @@ class ToolGateway:
                 return _error_result(str(exc))
             return await self.call(key, params.name, dict(params.arguments or {}))
 
-        return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+        def input_schema(name: str) -> Any:
+            # The transport checks Mcp-Param headers against the tool's schema: from here, not by
+            # dispatching a whole tools/list per call.
+            return next((t.input_schema for t in self.tools if t.name == name), None)
+
+        return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool,
+                      get_tool_input_schema=input_schema)
 
     async def call(self, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """One tool call of sample `key`: on the process that owns the sample (`gateway/routing.py`)."""
