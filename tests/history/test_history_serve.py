@@ -207,3 +207,36 @@ def test_an_event_starts_a_tagged_run(tmp_path) -> None:
         time.sleep(2)
     asyncio.run(delete_runs(runs))  # nobody serves it here
     assert [r.parameters["tag"] for r in runs] == ["ckpt-77"]
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_deployment_runs_in_the_folder_it_was_deployed_from(tmp_path, monkeypatch, capsys) -> None:
+    """A flow run of the deployment, executed as a Prefect process worker executes one, from another
+    folder: it works in the deploy folder (a relative store path lands there, not in a temporary copy
+    of the worker's folder that Prefect deletes after the run) and copies nothing."""
+    deployed_from = tmp_path / "evals"
+    deployed_from.mkdir()
+    monkeypatch.chdir(deployed_from)
+    path = write_config(deployed_from / "nightly.yaml", config())
+    assert cli("deploy", str(path), "--name", "here-test", "--interval", "86400", "--db", "sqlite:///here.sqlite") == 0
+    capsys.readouterr()
+    worker_folder = tmp_path / "worker"
+    worker_folder.mkdir()
+    (worker_folder / "big.bin").write_bytes(b"x" * 1024)  # would be copied into each run's workspace
+
+    async def create_run() -> str:
+        from prefect import get_client
+
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name(f"{FLOW_NAME}/here-test")
+            return str((await client.create_flow_run_from_deployment(deployment.id)).id)
+
+    run_id = asyncio.run(create_run())
+    done = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "execute", run_id], cwd=worker_folder,
+                          env=os.environ.copy(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "Downloading flow code" not in done.stdout + done.stderr
+    store = Store(f"sqlite:///{deployed_from / 'here.sqlite'}")
+    assert [b.status for b in store.list_batches()] == ["completed"]
+    store.close()
+    assert asyncio.run(flow_run_state(run_id)) == "COMPLETED"
