@@ -26,6 +26,7 @@ from agentbatch.db import history as db_history
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import create_batch, execute_batch, plan_batch
 from agentbatch.flows.config import BatchConfig, ConfigError, load_config
+from agentbatch.flows.launch import apply_deployment
 from agentbatch.flows.overrides import apply_overrides
 from agentbatch.flows.store_url import url_from_param
 from agentbatch.protocols.secrets import install_log_redaction
@@ -130,7 +131,6 @@ def deploy(spec: DeploySpec) -> str:
     deployment starts paused (`serve` resumes it while it runs); an update keeps its paused state,
     so redeploying under a running `serve` does not stop it. Work-pool deployments are active."""
     from prefect import get_client
-    from prefect.client.schemas.actions import DeploymentUpdate
     from prefect.exceptions import ObjectNotFound
 
     paused = spec.work_pool is None
@@ -140,18 +140,7 @@ def deploy(spec: DeploySpec) -> str:
                 paused = bool(client.read_deployment_by_name(f"{FLOW_NAME}/{spec.name}").paused)
             except ObjectNotFound:
                 pass
-    deployment_id = build_deployment(spec, paused).apply()
-    with get_client(sync_client=True) as client:
-        client.update_deployment(deployment_id, DeploymentUpdate(pull_steps=working_directory_steps()))
-    return str(deployment_id)
-
-
-def working_directory_steps() -> list[dict[str, Any]]:
-    """The deployment's pull steps: run in the folder it was deployed from. Without a pull step a
-    Prefect worker (and `prefect flow-run execute`) copies its own working directory into a temporary
-    workspace for every run, virtual environments included, and deletes it afterwards, with any store
-    or file a relative path put there. The flow is loaded by module path, so no code is needed."""
-    return [{"prefect.deployments.steps.set_working_directory": {"directory": str(Path.cwd().resolve())}}]
+    return str(apply_deployment(build_deployment(spec, paused)))
 
 
 async def served_deployments(names: list[str]) -> tuple[list[Any], list[str]]:

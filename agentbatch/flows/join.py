@@ -28,6 +28,7 @@ from agentbatch.dashboards.artifacts import store_tag
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import batch_workload, execute_batch
 from agentbatch.flows.identity import batch_tags, flow_run_name
+from agentbatch.flows.launch import apply_deployment
 from agentbatch.flows.leased import BUSY
 from agentbatch.flows.store_url import flow_param_url, url_from_param
 from agentbatch.protocols.secrets import ENV_REF, install_log_redaction
@@ -129,7 +130,7 @@ def deploy_join(spec: JoinDeployment) -> Deployed:
         description=f"agentbatch workers of batch {spec.batch_id} ({spec.batch_name}): each flow run claims "
         "unfinished samples under leases until the batch is finished",
     ))
-    deployment_id = cast(UUID, deployment.apply())
+    deployment_id = cast(UUID, apply_deployment(deployment))
     out = Deployed(deployment=f"{FLOW_NAME}/{spec.name}", deployment_id=str(deployment_id))
     base = flow_run_name(spec.batch_id, spec.batch_name)
     with get_client(sync_client=True) as client:

@@ -109,3 +109,22 @@ async def launch_flow(flow_obj: Any, parameters: Mapping[str, Any], *, api: Pref
     with _prefect_api(api), prefect_tags(*tags):
         guard_prefect_server()  # Prefect's temporary server, if it starts one, dies with this process
         return await named(**recorded)
+
+
+def apply_deployment(deployment: Any) -> Any:
+    """Register (or update) a RunnerDeployment of a module-path flow; its runs work in this folder.
+
+    Without a pull step a Prefect process worker (and `prefect flow-run execute`) copies its own
+    working directory into a temporary workspace for every run, virtual environments included, and
+    deletes it afterwards, with any store or file a relative path put there. The flows load by module
+    path, so the one pull step only sets the folder. Returns the deployment's id."""
+    from pathlib import Path
+
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    deployment_id = deployment.apply()
+    here = [{"prefect.deployments.steps.set_working_directory": {"directory": str(Path.cwd().resolve())}}]
+    with get_client(sync_client=True) as client:
+        client.update_deployment(deployment_id, DeploymentUpdate(pull_steps=here))
+    return deployment_id
