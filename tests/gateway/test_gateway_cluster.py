@@ -1,0 +1,100 @@
+"""Gateway processes of one batch (`gateway/cluster.py`), driven beat by beat on one store: the
+batch's limits split among the live members and rebalanced as they come and go, never more claimed
+than the limit (also while a member still holds slots beyond its new share), and samples owned by
+rendezvous hash (a member joining takes only samples, the others keep theirs)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentbatch.db.store import Store
+from agentbatch.flows.batch import build_coordinator
+from agentbatch.flows.config import BatchConfig
+from agentbatch.gateway.cluster import Cluster, ClusterSettings
+from agentbatch.scheduling.types import SampleProgress
+
+LIMITS = {"max_active_samples": 6, "per_worker_inflight": 4, "env_slots": 3}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def member(store: Store, batch_id: int, name: str, clock: Clock) -> Cluster:
+    config = BatchConfig.model_validate({"name": "c", "scheduling": LIMITS, "engine": {"kind": "openai", "params": {
+        "endpoints": [{"name": "w0", "base_url": "http://127.0.0.1:1/v1", "model": "m"}]}}})
+    return Cluster(store, batch_id, build_coordinator(config, ["w0"]),
+                   ClusterSettings(url=f"http://{name}", ttl_s=10.0, name=name), clock=clock)
+
+
+def beat(*members: Cluster) -> None:
+    for m in members:
+        m.beat()
+        m.apply()
+
+
+def capacity(m: Cluster, pool: str) -> int:
+    return m.coordinator.capacities()[pool][0]
+
+
+def claimed(members: list[Cluster], pool: str) -> int:
+    """What the members may fill now: the larger of their capacity and what they hold."""
+    return sum(max(m.coordinator.capacities()[pool]) for m in members)
+
+
+def test_shares_split_rebalance_and_never_exceed_the_limit(store: Store):
+    batch_id = store.create_batch("c", {}, [])
+    clock = Clock()
+    a = member(store, batch_id, "a", clock)
+    beat(a)
+    assert (capacity(a, "admission"), capacity(a, "w0"), capacity(a, "environment")) == (6, 4, 3)  # alone: all
+
+    async def admit_four() -> None:  # a fills 4 admission slots before b comes
+        for i in range(4):
+            await a.coordinator.admit(SampleProgress(sample_id=i, task_id=f"t{i}", arrival_seq=i))
+
+    asyncio.run(admit_four())
+    b = member(store, batch_id, "b", clock)
+    beat(b)
+    assert capacity(b, "admission") == 0  # a claims all it had: nothing free for b yet
+    for _ in range(3):
+        clock.now += 1
+        beat(a, b)
+        for pool, total in (("admission", 6), ("w0", 4), ("environment", 3)):
+            assert claimed([a, b], pool) <= total
+    # a shrank to its share but still holds 4 admissions: b gets only what is left.
+    assert capacity(a, "admission") == 3 and capacity(b, "admission") == 2
+    for i in range(4):
+        a.coordinator.finish(SampleProgress(sample_id=i, task_id=f"t{i}", arrival_seq=i))
+    clock.now += 1
+    beat(a, b)
+    assert (capacity(a, "admission"), capacity(b, "admission")) == (3, 3)
+    assert sorted([capacity(a, "environment"), capacity(b, "environment")]) == [1, 2]
+    assert (capacity(a, "w0"), capacity(b, "w0")) == (2, 2)
+    # a stops beating (gone): after the time to live b takes the whole batch.
+    clock.now += 11
+    beat(b)
+    assert (capacity(b, "admission"), capacity(b, "w0"), capacity(b, "environment")) == (6, 4, 3)
+
+
+def test_owners_agree_and_a_joining_member_only_takes_samples(store: Store):
+    batch_id = store.create_batch("c", {}, [])
+    clock = Clock()
+    a, b = member(store, batch_id, "a", clock), member(store, batch_id, "b", clock)
+    beat(a, b, a)
+    keys = [f"sample-{i}" for i in range(200)]
+    before = {k: a.owner(k) for k in keys}
+    assert before == {k: b.owner(k) for k in keys} and set(before.values()) == {"a", "b"}
+    assert all((a.url_of(k) is None) == (before[k] == "a") for k in keys)
+    c = member(store, batch_id, "c", clock)
+    clock.now += 1
+    beat(c, a, b)
+    after = {k: a.owner(k) for k in keys}
+    assert after == {k: c.owner(k) for k in keys}
+    moved = [k for k in keys if after[k] != before[k]]
+    assert moved and all(after[k] == "c" for k in moved)  # nothing moves between a and b
+    assert 30 < len(moved) < 110  # about a third
