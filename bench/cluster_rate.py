@@ -274,6 +274,24 @@ def measure_gateway(tmp: Path, probe: str, worker: str, args: argparse.Namespace
 
 # --- main -----------------------------------------------------------------------------------------------
 
+def print_gateway(gws: dict[int, dict[str, float]], args: argparse.Namespace) -> tuple[float, float, str]:
+    """The gateway's table; returns the rates of the fewest processes and the others' as text."""
+    rates: dict[int, tuple[float, float]] = {}
+    print("| gateway processes | chat requests | CPU s | ms/request | req/s per core | wall req/s | tool calls | "
+          "CPU s | ms/call | calls/s per core | wall calls/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, gw in gws.items():
+        rates[n] = (args.requests / gw["req_cpu_s"], args.tool_calls / gw["tool_cpu_s"])
+        print(f"| {n} | {args.requests} | {gw['req_cpu_s']:.2f} | {1000 / rates[n][0]:.2f} | {rates[n][0]:.0f} | "
+              f"{args.requests / gw['req_wall_s']:.0f} | {args.tool_calls} | {gw['tool_cpu_s']:.2f} | "
+              f"{1000 / rates[n][1]:.2f} | {rates[n][1]:.0f} | {args.tool_calls / gw['tool_wall_s']:.0f} |")
+    print(f"gateway: {args.clients} clients; the gateway's CPU is that of all its processes; store: "
+          f"{'PostgreSQL' if args.db else 'SQLite'}")
+    more = "".join(f" ({n} processes: {rates[n][0]:.0f} req, {rates[n][1]:.0f} tool calls)" for n in rates if n != min(rates))
+    return rates[min(rates)][0], rates[min(rates)][1], more
+
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=24, help="samples of the recorded batch per mode")
@@ -316,19 +334,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for mode, (wall, cpu, steps) in rows.items():
         print(f"| {mode} | {steps} | {wall:.2f} | {cpu:.2f} | {1000 * cpu / steps:.2f} | {steps / cpu:.0f} |")
-    rates = {}
-    print("| gateway processes | chat requests | CPU s | ms/request | req/s per core | wall req/s | tool calls | "
-          "CPU s | ms/call | calls/s per core | wall calls/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for n, gw in gws.items():
-        rates[n] = (args.requests / gw["req_cpu_s"], args.tool_calls / gw["tool_cpu_s"])
-        print(f"| {n} | {args.requests} | {gw['req_cpu_s']:.2f} | {1000 / rates[n][0]:.2f} | {rates[n][0]:.0f} | "
-              f"{args.requests / gw['req_wall_s']:.0f} | {args.tool_calls} | {gw['tool_cpu_s']:.2f} | "
-              f"{1000 / rates[n][1]:.2f} | {rates[n][1]:.0f} | {args.tool_calls / gw['tool_wall_s']:.0f} |")
-    print(f"gateway: {args.clients} clients; the gateway's CPU is that of all its processes; store: "
-          f"{'PostgreSQL' if args.db else 'SQLite'}")
-    req_rate, tool_rate = rates[min(rates)]
-    more = "".join(f" ({n} processes: {rates[n][0]:.0f} req, {rates[n][1]:.0f} tool calls)" for n in rates if n != min(rates))
+    req_rate, tool_rate, more = print_gateway(gws, args)
 
     def ms(mode: str) -> str:
         return f"{1000 * rows[mode][1] / rows[mode][2]:.2f}" if mode in rows else "n/a"
