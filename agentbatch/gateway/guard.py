@@ -97,7 +97,8 @@ class Guard:
         body, rest = bytearray(), deque[Message]()
         while True:
             try:
-                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+                async with asyncio.timeout(self.body_timeout_s):  # no task per message, as wait_for makes
+                    message = await receive()
             except TimeoutError:
                 raise _Refused(408, f"no request body data for {self.body_timeout_s:g} s") from None
             if message["type"] != "http.request":
