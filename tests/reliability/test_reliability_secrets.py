@@ -9,11 +9,15 @@ process without them names the variable to set, and one given in the config as `
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
 from reliability_helpers import bfcl_config, cli_env, run_cli, write_config
+from sqlalchemy.engine import make_url
+from testkit import CLI
 
 from agentbatch.db.store import Store
 from agentbatch.engines.sim_server import running_sim_server
@@ -102,3 +106,59 @@ def test_env_reference_stays_a_reference(tmp_path: Path, prefect_api: str) -> No
         assert all(s.status == "completed" for s in store.samples(batch.id))
         store.close()
     assert ENV_KEY not in store_text(tmp_path / "r.sqlite")
+
+
+PG_SECRET_URL = os.environ.get("AGENTBATCH_TEST_PG_SECRET_URL")  # .ci/run: a role with a unique password
+
+
+def pg_text(url: str) -> str:
+    """Every row of every table of the store's PostgreSQL database, as text."""
+    from sqlalchemy import MetaData, create_engine
+
+    engine = create_engine(url)
+    meta = MetaData()
+    meta.reflect(engine)
+    with engine.connect() as conn:
+        rows = [str(row) for table in meta.sorted_tables for row in conn.execute(table.select())]
+    engine.dispose()
+    return "\n".join(rows)
+
+
+def fresh_pg_store(url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:  # the role owns its database: start from an empty schema
+        conn.execute(text("DROP SCHEMA public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not PG_SECRET_URL, reason="AGENTBATCH_TEST_PG_SECRET_URL not set (.ci/run sets it)")
+def test_a_postgresql_store_password_is_nowhere(tmp_path: Path, prefect_api: str) -> None:
+    """`run --db` with a PostgreSQL URL holding a password (one no other string contains): the batch
+    runs on that store, and the password is not in the terminal output (debug logging on), nor in any
+    row of the store, nor in the report, nor in the flow run's parameters on the Prefect server."""
+    assert PG_SECRET_URL is not None
+    password = make_url(PG_SECRET_URL).password
+    assert password and len(password) > 12
+    fresh_pg_store(PG_SECRET_URL)
+    done = subprocess.run([*CLI, "-v", "run", str(write_config(tmp_path, bfcl_config("pg-secret", limit=2))),
+                           "--no-progress", "--db", PG_SECRET_URL, "--report", str(tmp_path / "report")],
+                          env={k: v for k, v in os.environ.items() if k != "AGENTBATCH_DB_URL"}, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    store = Store(PG_SECRET_URL)
+    batches = store.list_batches()
+    assert [b.name for b in batches] == ["pg-secret"] and len(store.samples(batches[0].id)) == 2
+    store.close()
+    places = {
+        "terminal": done.stdout + done.stderr,
+        "store": pg_text(PG_SECRET_URL),
+        "report": "".join(p.read_bytes().decode("latin-1") for p in (tmp_path / "report").rglob("*") if p.is_file()),
+        "prefect parameters": flow_run_parameters(prefect_api),
+    }
+    assert "pg-secret" in places["store"] and "postgresql" in places["terminal"]
+    for where, text in places.items():
+        assert password not in text, f"the store's password found in the {where}"
