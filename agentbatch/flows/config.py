@@ -138,6 +138,8 @@ class SchedulingConfig(_Strict):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
+        if v in ("auto", "configured"):
+            return v  # without importing the simulator (slow) for the common case
         from agentbatch.sim.portfolio import portfolio
 
         names = [c.name for c in portfolio()]

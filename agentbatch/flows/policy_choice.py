@@ -40,12 +40,12 @@ class PolicyChoice:
 def choose_policy(config: BatchConfig, store: Any, batch_id: int, task_ids: list[str], workers: int,
                   priors: dict[str, float]) -> PolicyChoice:
     """The config the batch runs with, after `scheduling.policy` (module docstring)."""
-    from agentbatch.sim.portfolio import portfolio
-
     policy = config.scheduling.policy
     if policy == "configured":
         return PolicyChoice(config, {"mode": "configured", "chosen": "configured"})
     if policy != "auto":
+        from agentbatch.sim.portfolio import portfolio  # here: the simulator is a slow import
+
         cand = next(c for c in portfolio() if c.name == policy)
         return PolicyChoice(apply_candidate(config, cand, len(task_ids)), {"mode": "named", "chosen": policy})
     why, members = _auto_inputs(config, store, batch_id, task_ids, priors)
@@ -92,11 +92,11 @@ def engine_base(config: BatchConfig, workers: int) -> Any:
 def _auto_inputs(config: BatchConfig, store: Any, batch_id: int, task_ids: list[str],
                  priors: dict[str, float]) -> tuple[str | None, list[Any]]:
     """Why auto cannot choose (or None) and the ensemble it simulates."""
-    from agentbatch.sim.portfolio import Member
-    from agentbatch.sim.virtual_time.simulation import context_priors
-
     if engine_model(config) is None:
         return "the engine config names no simulated timing profile to predict with", []
+    from agentbatch.sim.portfolio import Member  # here: the simulator is a slow import
+    from agentbatch.sim.virtual_time.simulation import context_priors
+
     traces = history_traces(store, batch_id, set(task_ids))
     if not traces:
         return "no earlier batch in the store ran these tasks", []

@@ -8,20 +8,10 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentbatch.engines.vllm_workers import (
-    Endpoint,
-    WorkerCluster,
-    WorkersConfig,
-    WorkersError,
-    down_from_file,
-    load_plan,
-    load_workers_config,
-    plan_launch,
-    probe,
-    read_endpoints,
-)
+if TYPE_CHECKING:
+    from agentbatch.engines.vllm_workers import Endpoint, WorkerCluster, WorkersConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
+    # vllm_workers is imported by the actions only: every other command's start-up skips it
+    from agentbatch.engines.vllm_workers import WorkerCluster, WorkersError, load_workers_config
+
     try:
         cfg = load_workers_config(args.config)
     except WorkersError as exc:  # bad input: the message names the file and field
@@ -81,12 +74,16 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _print_commands(cfg: WorkersConfig) -> None:
+    from agentbatch.engines.vllm_workers import plan_launch
+
     for plan in plan_launch(cfg):
         env = " ".join(f"{k}={v}" for k, v in plan.env.items())
         print(f"# {plan.name} (log {plan.log_path})\n{env} {' '.join(plan.argv)}")
 
 
 def _print_started(cfg: WorkersConfig, cluster: WorkerCluster, endpoints: list[Endpoint]) -> None:
+    from agentbatch.engines.vllm_workers import load_plan
+
     for ep in endpoints:
         print(f"{ep.name}\t{ep.base_url}\t{ep.model}\tready in {cluster.ready_s[ep.name]:.1f} s")
     print(f"endpoints written to {cfg.endpoints_file}")
@@ -116,6 +113,8 @@ def _run_foreground(cluster: WorkerCluster) -> None:
 
 
 def _down(args: argparse.Namespace) -> int:
+    from agentbatch.engines.vllm_workers import WorkersError, down_from_file
+
     try:
         result = down_from_file(args.endpoints_file, args.timeout)
     except WorkersError as exc:
@@ -128,6 +127,8 @@ def _down(args: argparse.Namespace) -> int:
 
 def _probe_target(target: str) -> list[dict[str, Any]]:
     """Probe rows of a URL or of every endpoint of an endpoints file (raises on an unreadable file)."""
+    from agentbatch.engines.vllm_workers import probe, read_endpoints
+
     if target.startswith(("http://", "https://")):
         return [{"name": target, **probe(target)}]
     return [{"name": ep.name, **probe(ep.base_url)} for ep in read_endpoints(target)]
