@@ -38,21 +38,31 @@ FORBIDDEN_CALLS = {"kill", "exit", "quit", "remove", "unlink", "popen", "Popen",
 
 
 @cache
-def _entries(category: str) -> dict[str, dict[str, Any]]:
-    from bfcl_eval.utils import load_dataset_entry, load_ground_truth_entry
+def _raw_entries(category: str) -> dict[str, dict[str, Any]]:
+    """The category's test entries as stored (with ground truth), in file order, function docs not yet
+    added: bfcl's `load_dataset_entry` adds them to every entry of a category, re-reading the docs files
+    per entry (~1 s for the four categories), when a batch needs the few it runs."""
+    from bfcl_eval import utils
 
-    entries = {e["id"]: e for e in load_dataset_entry(category)}
-    for gt in load_ground_truth_entry(category):
+    entries = {e["id"]: e for e in utils.load_file(utils.PROMPT_PATH / f"{utils.VERSION_PREFIX}_{category}.json")}
+    for gt in utils.load_ground_truth_entry(category):
         entries[gt["id"]]["ground_truth"] = gt["ground_truth"]
     return entries
 
 
+@cache
 def entry(task_id: str) -> dict[str, Any]:
-    """The bfcl test entry (with ground truth) of a task id, e.g. 'multi_turn_base_12'."""
+    """The bfcl test entry (with ground truth) of a task id, e.g. 'multi_turn_base_12': as bfcl's
+    `load_dataset_entry` makes it (the same steps, on this entry only)."""
+    from bfcl_eval import utils
+
     category = task_id.rsplit("_", 1)[0]
     if category not in CATEGORIES:
         raise ValueError(f"not a BFCL multi-turn task id: {task_id!r}")
-    return _entries(category)[task_id]
+    one = [copy.deepcopy(_raw_entries(category)[task_id])]
+    one = utils.process_agentic_test_case(one)
+    one = utils.populate_test_cases_with_predefined_functions(one)
+    return utils.add_language_specific_hint_to_function_doc(one)[0]
 
 
 def to_openai_tool(doc: dict[str, Any]) -> ToolSchema:
@@ -279,7 +289,7 @@ class BfclWorkload:
                 except KeyError:
                     raise ValueError(f"unknown BFCL task id {task_id!r}") from None
         else:
-            ids = [tid for c in self.categories for tid in _entries(c)]
+            ids = [tid for c in self.categories for tid in _raw_entries(c)]
             if self.seed is not None:
                 random.Random(self.seed).shuffle(ids)
         if self.limit is not None:
