@@ -245,3 +245,21 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
 def pytest_make_collect_report(collector):  # type: ignore[no-untyped-def]
     outcome = yield
     _fail_skip_in_ci(outcome.get_result())
+
+
+# --- the longest tests first: the parallel run's end is not held up by a long test started last ---------
+# Whole modules move (module fixtures stay set up once): the vLLM modules (each starts workers: the
+# longest), then the modules with slow tests, then the rest, each in collection order. Every xdist
+# worker collects the same order, as xdist requires.
+def _module_rank(item: pytest.Item) -> int:
+    if item.get_closest_marker("vllm"):
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        rank[module] = min(rank.get(module, 2), _module_rank(item))
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
