@@ -124,6 +124,9 @@ def test_ci_run_fails_with_the_log_of_a_service_that_cannot_start(tmp_path: Path
                         text=True, timeout=300)
     assert ci.returncode == 1, ci.stdout + ci.stderr
     assert "setup_broken failed" in ci.stdout and "permission denied (simulated)" in ci.stdout
-    local = subprocess.run(["bash", str(REPO / ".ci" / "run")], env={k: v for k, v in env.items() if k != "CI"},
+    unset = subprocess.run(["bash", str(REPO / ".ci" / "run")], env={k: v for k, v in env.items() if k != "CI"},
+                           capture_output=True, text=True, timeout=300)
+    assert unset.returncode == 1 and "setup_broken failed" in unset.stdout, unset.stdout + unset.stderr  # strict
+    local = subprocess.run(["bash", str(REPO / ".ci" / "run")], env={**env, "CI": "false"},
                            capture_output=True, text=True, timeout=300)
     assert local.returncode == 0 and "will be skipped" in local.stdout, local.stdout + local.stderr
