@@ -24,22 +24,28 @@ import yarl
 from agentbatch.protocols.engine import ChatRequest, ChatResult, EngineFailure
 
 
+def endpoint_auth(base_url: str, api_key: str | None) -> tuple[str, dict[str, str]]:
+    """An OpenAI-compatible endpoint's URL without credentials, and the JSON request headers for it.
+
+    aiohttp refuses an Authorization header beside credentials in the URL: the URL's user:password
+    becomes Basic auth, and an api_key (Bearer) wins over it, as it did with the earlier client."""
+    headers = {"Content-Type": "application/json"}
+    url = yarl.URL(base_url.rstrip("/"))
+    if url.user is not None:
+        headers["Authorization"] = aiohttp.BasicAuth(url.user, url.password or "").encode()
+        url = url.with_user(None)
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return str(url), headers
+
+
 class OpenAIEngine:
     def __init__(
         self, name: str, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 600.0
     ) -> None:
         self.name = name
         self.model = model
-        self._headers = {"Content-Type": "application/json"}
-        # aiohttp refuses an Authorization header beside credentials in the URL: the URL's user:password
-        # becomes Basic auth, and an api_key (Bearer) wins over it, as it did with the earlier client.
-        url = yarl.URL(base_url.rstrip("/"))
-        if url.user is not None:
-            self._headers["Authorization"] = aiohttp.BasicAuth(url.user, url.password or "").encode()
-            url = url.with_user(None)
-        self.base_url = str(url)
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self.base_url, self._headers = endpoint_auth(base_url, api_key)
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the session belongs to

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from agentbatch.db.step_records import StepOutcome, inference_response
+from agentbatch.engines.openai_http import endpoint_auth
 from agentbatch.gateway import jsonio
 
 
@@ -34,10 +35,9 @@ class WorkerPool:
         if not endpoints:
             raise ValueError("the gateway needs at least one engine worker endpoint")
         self.endpoints = {e.name: e for e in endpoints}
-        self.urls = {e.name: e.base_url.rstrip("/") + "/chat/completions" for e in endpoints}
-        self._headers = {e.name: {"Content-Type": "application/json",
-                                  **({"Authorization": f"Bearer {e.api_key}"} if e.api_key else {})}
-                         for e in endpoints}
+        auth = {e.name: endpoint_auth(e.base_url, e.api_key) for e in endpoints}
+        self.urls = {name: url + "/chat/completions" for name, (url, _) in auth.items()}
+        self._headers = {name: headers for name, (_, headers) in auth.items()}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
