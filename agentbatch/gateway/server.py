@@ -123,15 +123,10 @@ class Gateway:
         return batch_id
 
     def _open_batch(self) -> int:
-        store, batch_id = self.store, self.batch.batch_id
-        if batch_id is None:
-            batch_id = store.create_batch(self.batch.name, self.batch.config, [])
-        store.mark_batch_running(batch_id, self.batch.flow_run_id)
-        if self.cluster is not None:  # whoever started the processes registered the workers
-            return batch_id
-        for e in self.endpoints:
-            store.upsert_worker(batch_id, e.name, "engine", endpoint=e.base_url)
-        return batch_id
+        # A member of several processes: whoever started the processes registered the workers.
+        return open_gateway_batch(self.store, self.batch.name, self.batch.config, self.endpoints,
+                                  self.batch.flow_run_id, batch_id=self.batch.batch_id,
+                                  register_workers=self.cluster is None)
 
     async def _sweep(self) -> None:
         idle_timeout = self.settings.idle_timeout_s
@@ -195,6 +190,18 @@ class Gateway:
                      body_timeout_s=self.settings.body_timeout_s)
 
 # --- running it ----------------------------------------------------------------------------------------
+def open_gateway_batch(store: Store, name: str, config: dict[str, Any], endpoints: Sequence[WorkerEndpoint],
+                       flow_run_id: str | None, *, batch_id: int | None = None, register_workers: bool = True) -> int:
+    """The gateway's batch (created unless `batch_id` is given) marked running, its workers registered."""
+    if batch_id is None:
+        batch_id = store.create_batch(name, config, [])
+    store.mark_batch_running(batch_id, flow_run_id)
+    if register_workers:
+        for e in endpoints:
+            store.upsert_worker(batch_id, e.name, "engine", endpoint=e.base_url)
+    return batch_id
+
+
 def listen_socket(host: str, port: int, *, shared: bool = False) -> socket.socket:
     """A bound socket for the server (port 0: a free one); OSError when the address is taken.
     `shared`: other processes may listen on the same port (SO_REUSEPORT: the kernel spreads the

@@ -65,14 +65,6 @@ def member_argv(args: argparse.Namespace, batch_id: int) -> list[str]:
     return argv
 
 
-def create_gateway_batch(store: Any, config: Any, endpoints: list[Any], flow_run_id: str | None) -> int:
-    batch_id = int(store.create_batch(config.name, stored_config(config), []))
-    for e in endpoints:
-        store.upsert_worker(batch_id, e.name, "engine", endpoint=e.base_url)
-    store.mark_batch_running(batch_id, flow_run_id)
-    return batch_id
-
-
 async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], list[Any]], db: str,
                     options: dict[str, Any]) -> int:
     """Create the batch, run the members until they end, print the batch's summary; returns its id."""
@@ -81,7 +73,7 @@ async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], lis
     from agentbatch.dashboards.report import write_report
     from agentbatch.dashboards.summary import summarize
     from agentbatch.db.store import Store
-    from agentbatch.gateway.server import listen_socket
+    from agentbatch.gateway.server import listen_socket, open_gateway_batch
 
     config, endpoints, _ = checked
     try:  # the port must be free (or shared by gateway processes) before anything is written
@@ -90,7 +82,8 @@ async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], lis
         raise GatewayStartError(f"--host/--port: cannot listen on {options['host']}:{options['port']}: {exc}") from exc
     run = FlowRunContext.get()
     store = Store(db)
-    batch_id = create_gateway_batch(store, config, endpoints, str(run.flow_run.id) if run and run.flow_run else None)
+    batch_id = open_gateway_batch(store, config.name, stored_config(config), endpoints,
+                                  str(run.flow_run.id) if run and run.flow_run else None)
     env = {**os.environ, "AGENTBATCH_DB_URL": db}
     procs = [subprocess.Popen(member_argv(args, batch_id), env=env) for _ in range(args.processes)]
     base = f"http://{options['host']}:{options['port']}"
