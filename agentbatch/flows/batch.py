@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
@@ -361,6 +362,7 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
     if scraper is not None:
         batch.coordinator.load_hook = scraper.fill_loads
         batch.coordinator.engine_counters = lambda: counters_from_workers(scraper.latest.values())
+    batch.on_sample_end = functools.partial(live.keeper.sample_ended, batch.coordinator)
     batch.writer.start()  # this flow owns the writer: started before the first step, closed after the last
     if live.events is not None:
         live.events.start()

@@ -28,6 +28,7 @@ from agentbatch.db.models import BatchStatus, Sample, SampleStatus
 from agentbatch.db.store import Store
 from agentbatch.protocols.environment import UNSAFE_CALLS
 from agentbatch.protocols.in_flight import in_flight_error
+from agentbatch.tasks.coordinator import Coordinator
 
 log = logging.getLogger("agentbatch.batch")
 
@@ -144,6 +145,9 @@ class LeaseKeeper:
         self.on_owners: Callable[[list[str]], None] | None = None
         self.owners_poll_s = 2.0
         self._watcher: asyncio.Task[None] | None = None
+        self._failed_before = 0  # failed samples when this process started (--fail-on-error)
+        self._failed_here: set[int] = set()  # samples that failed in this process since
+        self._stop: str | None = None  # why --fail-on-error stopped the batch
 
     def claim(self) -> list[Sample]:
         return self.leases.claim()
@@ -153,6 +157,8 @@ class LeaseKeeper:
 
     async def __aenter__(self) -> LeaseKeeper:
         self.total = len(self.store.samples(self.batch_id))
+        if self.policy.active:
+            self._failed_before = self.store.status_counts(self.batch_id).get(SampleStatus.FAILED, 0)
         self._renewer = asyncio.create_task(self._renew_loop(), name="agentbatch-lease-renewal")
         if self.on_owners is not None:
             await self._tell_owners()
@@ -252,11 +258,27 @@ class LeaseKeeper:
             raise
         finally:
             self._tasks.pop(sample_id, None)
-        if self.policy.active:
+        if self.policy.active and self._stop is None:  # failures of other processes count too
             failed = (await asyncio.to_thread(self.store.status_counts, self.batch_id)).get(SampleStatus.FAILED, 0)
             if self.policy.exceeded(failed, self.total):
-                raise BatchStopped(f"stopped: {failed} of {self.total} samples failed "
-                                   f"(--fail-on-error: {self.policy.describe()})")
+                self._stop = self._stopped_message(failed)
+        if self._stop is not None:
+            raise BatchStopped(self._stop)
+
+    def sample_ended(self, coordinator: Coordinator, sample_id: int, status: SampleStatus) -> None:
+        """A sample of this process ended, its admission slot not yet freed: once failures exceed
+        --fail-on-error no sample is admitted any more (admission drops to 0 before the slot is
+        freed), so the stop comes at that failure, not at a later one."""
+        if status != SampleStatus.FAILED or not self.policy.active:
+            return
+        self._failed_here.add(sample_id)
+        failed = self._failed_before + len(self._failed_here)
+        if self._stop is None and self.policy.exceeded(failed, self.total):
+            self._stop = self._stopped_message(failed)
+            coordinator.set_capacities({"admission": 0})
+
+    def _stopped_message(self, failed: int) -> str:
+        return f"stopped: {failed} of {self.total} samples failed (--fail-on-error: {self.policy.describe()})"
 
 
 def window_size(max_active_samples: int) -> int:

@@ -44,6 +44,7 @@ async def run_sample(
     coordinator = batch.coordinator
     if not admitted:
         await coordinator.admit(progress)
+    status: SampleStatus | None = None  # None: cut short (cancelled), neither completed nor failed
     try:
         await batch.writer.update_sample(sample.id, {"status": SampleStatus.RUNNING, "admitted_at": time.time()})
         task = TaskSpec(task_id=sample.task_id, data=sample.task or {}, group=sample.task_group or "")
@@ -54,7 +55,8 @@ async def run_sample(
             if stop := await reconcile_in_flight(batch, sample.id, sample.task_id, env, run.state.last_assistant,
                                                  run.meta):  # a step cut short by a crash, and nobody can tell
                 await _finish(batch, sample.id, score=None, result=None, error=stop)
-                return SampleStatus.FAILED
+                status = SampleStatus.FAILED
+                return status
             while not run.state.done and run.state.step_index < batch.max_steps:
                 ticket = StepTicket(
                     sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
@@ -65,15 +67,19 @@ async def run_sample(
             if not run.state.done:
                 result["stopped"] = f"step limit {batch.max_steps} reached"
             await _finish(batch, sample.id, score=float(result["score"]), result=result)
-            return SampleStatus.COMPLETED
+            status = SampleStatus.COMPLETED
+            return status
         except Exception as exc:  # StepFailed, or an environment or scorer error: this sample fails, not the batch
             log.warning("sample %s (%s) failed: %s", sample.index, sample.task_id, exc,
                         exc_info=not isinstance(exc, StepFailed))
             await _finish(batch, sample.id, score=None, result=None, error=str(exc))
-            return SampleStatus.FAILED
+            status = SampleStatus.FAILED
+            return status
         finally:
             await env.close()
     finally:
+        if batch.on_sample_end is not None and status is not None:  # before the slot is freed: --fail-on-error stops admission here
+            batch.on_sample_end(sample.id, status)
         coordinator.finish(progress)
 
 

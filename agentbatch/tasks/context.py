@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agentbatch.db.models import SampleStatus
 from agentbatch.db.store import Store
 from agentbatch.db.writer import StepWriter
 from agentbatch.protocols.engine import Engine
@@ -36,4 +37,6 @@ class BatchContext:
     max_steps: int
     step_timeout_s: float
     on_commit: StepHook | None = None  # sees each committed step's row (chains mode: Prefect step events)
+    # Told each sample's end (its status written, its admission slot not yet freed): --fail-on-error
+    on_sample_end: Callable[[int, SampleStatus], None] | None = None
     clock: Callable[[], float] = time.time  # wall clock: ticket times are stored as they are
