@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module under `agentbatch/flows/commands/` and exposes
 `register(subparsers)`, which adds a parser whose `func(args) -> int` runs it. Modules are found
-automatically, so adding a command means adding a file.
+automatically, so adding a command means adding a file; a run imports only its command's module
+(`command_module`), so one command's imports are not paid for by the others.
 """
 
 from __future__ import annotations
@@ -16,8 +17,23 @@ import sys
 from agentbatch.flows import commands
 from agentbatch.flows.commands._common import fail
 
+# Commands registered by a module not named after them; every other command `x-y` lives in `x_y.py`.
+COMMAND_MODULES = {"create": "run"}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def command_module(argv: list[str]) -> str | None:
+    """The module of the command `argv` names (its first word that is not an option), if there is one."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word is None:
+        return None
+    name = COMMAND_MODULES.get(word, word.replace("-", "_"))
+    known = {m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
+    return name if name in known else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the one in module `only` (a command's run imports just its
+    own module: the others' imports are not paid for)."""
     parser = argparse.ArgumentParser(
         prog="agentbatch",
         description="Run big batches of LLM-agent samples (evals, synthetic data, RL rollouts) with "
@@ -28,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):  # private helpers of the commands
+        if info.name.startswith("_") or (only is not None and info.name != only):  # private helpers
             continue
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         module.register(sub)
@@ -36,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(command_module(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

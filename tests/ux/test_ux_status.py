@@ -87,3 +87,20 @@ def test_stale_heartbeat_is_crashed_in_status_and_prefect(prefect_api, sqlite_ur
     store = Store(sqlite_url)
     assert store.get_batch(bid).status == "running"
     store.close()
+
+
+def test_each_command_is_found_in_its_own_module() -> None:
+    """The CLI imports only the module of the command it runs: every command, and every help, is found so."""
+    import argparse
+
+    from agentbatch.flows.cli import build_parser, command_module
+
+    full = build_parser()
+    names = next(a for a in full._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"run", "create", "status", "serve-sim", "gateway", "whatif"} <= set(names)
+    for name in names:
+        assert command_module([name]) is not None, f"`agentbatch {name}`: add its module to cli.COMMAND_MODULES"
+        only = build_parser(command_module(["-v", name, "--x"]))
+        sub = next(a for a in only._actions if isinstance(a, argparse._SubParsersAction))
+        assert name in sub.choices, f"`agentbatch {name}` is not registered by module {command_module([name])}"
+    assert command_module(["no-such-command"]) is None and command_module(["--help"]) is None

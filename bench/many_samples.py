@@ -1,0 +1,151 @@
+"""10,000 samples admitted at once through `run`: the memory of the run and how fast `status` answers.
+
+A recorded `mcp_like` batch of N samples (chains cut to a few steps to keep the run short) is run
+in-process by `flows/batch.py:run_batch` with every sample admitted at once (`max_active_samples` = N)
+against the replay engine's timing model (no server: the cost measured is agentbatch's own) and the
+recorded environment at time scale 0. While it runs, `agentbatch status BATCH` is run as users run it
+(a new process) every few seconds; its wall time is printed beside the time the status query itself
+took in this process (the process start, Python and imports, is the rest).
+
+Printed: the run's wall and CPU time, its peak resident memory (ru_maxrss) beside the memory before
+the batch started, the status answers, and a last line
+`N samples at once: peak RSS X GB (+Y GB for the batch); status Z s (query Q s)`.
+
+    .venv/bin/python bench/many_samples.py [--samples 10000] [--steps 4] [--mode lean]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+for key, value in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
+                   "PREFECT_LOGGING_TO_API_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
+                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}.items():
+    os.environ.setdefault(key, value)
+
+
+def short_trace(samples: int, steps: int, path: Path) -> Path:
+    """`samples` recorded mcp_like samples, each cut to at most `steps` steps (an even number: the
+    chain ends on an environment step)."""
+    from agentbatch.traces.generators import generate, get_family
+    from agentbatch.traces.parquet import write_trace
+
+    trace = generate(get_family("mcp_like"), samples, seed=5)
+    for s in trace.samples:
+        s.steps = s.steps[: max(2, steps - steps % 2)]
+    return write_trace(trace, path)
+
+
+def config(trace: Path, samples: int, mode: str) -> Any:
+    from agentbatch.flows.config import BatchConfig
+
+    return BatchConfig.model_validate({
+        "name": "many-samples",
+        "workload": {"kind": "recorded", "params": {"trace": str(trace), "time_scale": 0.0}},
+        "engine": {"kind": "replay", "params": {"inner": "timing", "timing": {"kind": "token", "scale": 0.0},
+                                                "workers": 4}},
+        "scheduling": {"max_active_samples": samples, "env_slots": 256, "per_worker_inflight": 256},
+        "execution": {"mode": mode},
+    })
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB on Linux
+
+
+def rss_gb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024**3
+
+
+class StatusProbe:
+    """Runs `agentbatch status` in a new process every `every_s` while the batch runs."""
+
+    def __init__(self, db: str, every_s: float) -> None:
+        self.db, self.every_s = db, every_s
+        self.walls: list[float] = []
+        self.queries: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        from agentbatch.db.store import Store
+
+        store = Store(self.db)
+        while not self._stop.wait(self.every_s):
+            batches = store.list_batches()
+            if not batches or batches[0].status != "running":
+                continue
+            t = time.perf_counter()
+            store.status_counts(batches[0].id)
+            store.samples(batches[0].id)
+            self.queries.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "status", str(batches[0].id),
+                                   "--db", self.db], capture_output=True, text=True, timeout=120)
+            if done.returncode == 0:
+                self.walls.append(time.perf_counter() - t)
+        store.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=10_000, help="samples, all admitted at once")
+    parser.add_argument("--steps", type=int, default=4, help="steps per sample (recorded chains cut to this)")
+    parser.add_argument("--mode", default="lean", choices=["lean", "steps", "chains"], help="execution mode")
+    parser.add_argument("--status-every-s", type=float, default=3.0, help="seconds between `status` calls")
+    args = parser.parse_args()
+
+    from agentbatch.db.store import Store
+    from agentbatch.flows.batch import run_batch
+
+    with tempfile.TemporaryDirectory(prefix="agentbatch-many-") as tmp:
+        trace = short_trace(args.samples, args.steps, Path(tmp) / "trace.parquet")
+        db = f"sqlite:///{Path(tmp) / 'many.sqlite'}"
+        store = Store(db)
+        before = rss_gb()
+        probe = StatusProbe(db, args.status_every_s)
+        probe.start()
+        wall, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        batch_id = run_batch(config(trace, args.samples, args.mode), store, show_progress=False)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.perf_counter() - wall
+        probe.stop()
+        counts = store.status_counts(batch_id)
+        steps = len(store.steps(batch_id))
+        store.close()
+    cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    peak = peak_rss_gb()
+    print(f"many samples: {args.samples} samples all admitted at once, {steps} steps, mode {args.mode}; "
+          f"load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
+    print(f"  run: {wall:.1f} s wall, {cpu:.1f} s CPU ({1000 * cpu / max(steps, 1):.2f} ms/step); samples {counts}")
+    print(f"  memory: {before:.2f} GB before the batch, peak {peak:.2f} GB")
+    walls = probe.walls or [float("nan")]
+    queries = probe.queries or [float("nan")]
+    print(f"  `agentbatch status` while it ran: {len(probe.walls)} calls, wall median {statistics.median(walls):.2f} s "
+          f"max {max(walls):.2f} s; the store query median {statistics.median(queries):.3f} s "
+          f"max {max(queries):.3f} s")
+    print(f"{args.samples} samples at once: peak RSS {peak:.2f} GB (+{peak - before:.2f} GB for the batch); "
+          f"status {statistics.median(walls):.2f} s (query {statistics.median(queries):.3f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
