@@ -20,7 +20,9 @@ baseline, chosen / LB and / tight LB (scheduling/lower_bound.py; the tight one a
 bounds), and the time spent deciding as a share of the chosen makespan (virtual seconds stand for
 the live run's: a prediction). The last line is
 `cells worse than best baseline by >2%: K of N; geomean vs best baseline X; vs oracle Z; vs LB Y; vs tight LB W`
-(all of the chosen policy).
+(all of the chosen policy); the line before it says why the worse cells lose (`CellResult.cause`): the
+fallback baseline was not the batch's best, or a non-baseline ran and lost, and in how many the batch
+lies outside every ensemble member (no rule on that ensemble could have known).
 
 Scale: `--scale f` shrinks the batch (samples x f) and the hardware with it (slots x f, and each
 engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-token contexts), so a
@@ -102,10 +104,20 @@ class CellResult:
     simulations: int
     scores_same: bool
     wall_s: float
+    fallback: str = ""  # the ensemble's best baseline (what the choice falls back on)
+    fallback_s: float = math.nan  # its makespan on the batch itself
+    score: float = math.nan  # the chosen one's worst predicted ratio to the best baseline over the members
 
     @property
     def ratio(self) -> float:
         return self.chosen_s / self.baseline_s
+
+    def cause(self) -> str:
+        """Why a cell is worse than its best baseline: the fallback baseline was not the batch's best
+        ("fallback"), or a non-baseline ran and lost ("other"); "+uncovered" when the batch's ratio lies
+        above every member's (the ensemble did not cover the batch: no rule on it could have known)."""
+        kind = "fallback" if self.chosen == self.fallback else "other"
+        return kind + ("+uncovered" if self.ratio > self.score + 0.02 else "")
 
 
 def scaled_profile(name: str, f: float) -> EngineProfile:
@@ -142,14 +154,15 @@ def run_cell(cell: Cell) -> CellResult:
     priors = chain_priors(earlier) if earlier is not None else None
     contexts = context_priors(earlier) if earlier is not None else None
     hindsight = _Hindsight(trace, base, n_ref, priors, contexts)
-    runs = hindsight.all(d.candidates, full={d.choice.name, DEFAULTS_NAME})
+    runs = hindsight.all(d.candidates, full={d.choice.name, d.choice.fallback, DEFAULTS_NAME})
     bases = {c.name: runs[c.name] for c in d.candidates if c.baseline}
     best_base = min(bases, key=lambda k: bases[k])
     oracle = min(runs, key=lambda k: runs[k])
     tight = trace_tight_bound(trace, profile, cell.workers, slots)
     return CellResult(cell, n, slots, n_ref, d.choice.name, runs[d.choice.name], runs[DEFAULTS_NAME], best_base,
                       bases[best_base], oracle, runs[oracle], tight.plain.value, tight.value, tight.plain.binding,
-                      d.decide_s, d.decide_cpu_s, d.simulations, len(hindsight.scores) == 1, time.perf_counter() - t0)  # fmt: skip
+                      d.decide_s, d.decide_cpu_s, d.simulations, len(hindsight.scores) == 1, time.perf_counter() - t0,
+                      d.choice.fallback, runs[d.choice.fallback], d.choice.score)  # fmt: skip
 
 
 class _Hindsight:
@@ -182,7 +195,7 @@ class _Hindsight:
 
 def _line(r: CellResult) -> str:
     c = r.cell
-    flag = "  WORSE" if r.ratio > 1.02 else ""
+    flag = f"  WORSE ({r.cause()}; fallback {r.fallback} x{r.fallback_s / r.baseline_s:.3f})" if r.ratio > 1.02 else ""
     return (f"{c.family:16s} {c.profile:20s} S={r.env_slots:<3d} w={c.workers} s{c.seed}  n={r.samples:<4d} "
             f"N_ref={r.n_ref:<4d} chosen {r.chosen_s:8.1f} ({r.chosen})  best baseline {r.baseline_s:8.1f} "
             f"({r.best_baseline})  oracle {r.oracle_s:8.1f} ({r.oracle})  defaults {r.default_s:8.1f}  "
@@ -313,18 +326,27 @@ def _summary(results: list[CellResult], wall: float) -> int:
     print(f"# {wall:.0f}s wall, load average {os.getloadavg()[0]:.1f}; scores identical in every cell: "
           f"{all(r.scores_same for r in results)}")  # fmt: skip
     print("# hardest cells (chosen / best baseline): " + "; ".join(
-        f"{r.cell.name}/s{r.cell.seed} x{r.ratio:.3f} ({r.chosen} vs {r.best_baseline}; oracle {r.oracle} "
+        f"{r.cell.name}/s{r.cell.seed} x{r.ratio:.3f} ({r.chosen} vs {r.best_baseline}, {r.cause()}; oracle {r.oracle} "
         f"x{r.oracle_s / r.baseline_s:.3f})" for r in hardest))  # fmt: skip
     print(f"# defaults: worse than best baseline by >2% in {sum(1 for r in results if r.default_s > 1.02 * r.baseline_s)} "
           f"of {len(results)}; geomean vs best baseline {_geomean([r.default_s / r.baseline_s for r in results]):.3f}; "
           f"oracle vs best baseline {_geomean([r.oracle_s / r.baseline_s for r in results]):.3f}")  # fmt: skip
     _deciding(results)
+    _causes([r for r in results if r.ratio > 1.02])
     print(f"# {len(results)} cells ran")
     print(f"cells worse than best baseline by >2%: {worse} of {len(results)}; geomean vs best baseline "
           f"{_geomean(ratios):.3f}; vs oracle {_geomean([r.chosen_s / r.oracle_s for r in results]):.3f}; vs LB "
           f"{_geomean([r.chosen_s / r.lb_s for r in results]):.3f}; vs tight LB "
           f"{_geomean([r.chosen_s / r.tight_lb_s for r in results]):.3f}")  # fmt: skip
     return 0
+
+
+def _causes(worse: list[CellResult]) -> None:
+    causes = [r.cause() for r in worse]
+    print(f"# why worse: {sum(c.startswith('fallback') for c in causes)} ran the fallback baseline, not the batch's "
+          f"best; {sum(c.startswith('other') for c in causes)} ran a non-baseline that lost; "
+          f"{sum(c.endswith('uncovered') for c in causes)} of the {len(worse)} lie outside every ensemble member "
+          f"(the batch's ratio above the chosen one's worst predicted ratio + 2%)")  # fmt: skip
 
 
 def _deciding(results: list[CellResult]) -> None:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES, Candidate
+from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES, Candidate, choose
 from agentbatch.sim import portfolio as sim_portfolio
 from agentbatch.sim.portfolio import Member, candidate_config, decide
 from agentbatch.sim.virtual_time import VirtualConfig, simulate
@@ -113,3 +113,27 @@ def test_candidate_config_applies_the_limit_rule_and_leaves_baselines_without_pr
     mine = Candidate("x", limit="slots", limit_factor=0.5)
     cfg = candidate_config(mine, base, samples=8, n_ref=4, priors=member.priors)
     assert cfg.max_active == 1 and cfg.priors == member.priors
+
+
+@pytest.mark.parametrize(("family", "slots", "workers"), [("mcp_like", 2, 1), ("widesearch_like", 4, 2)])
+def test_on_an_ensemble_cutting_never_changes_the_choice_and_the_choice_never_loses_to_the_fallback(
+        family: str, slots: int, workers: int) -> None:
+    # three reruns of the same tasks with the priors of the first (what history gives), every
+    # candidate also simulated to its end: the rule on full predictions picks what decide picked
+    n, margin = 10, 0.01
+    earlier = generate(family, n, seed=5, epoch=0)
+    pri, ctx = chain_priors(earlier), context_priors(earlier)
+    members = [Member(generate(family, n, seed=5, epoch=e), pri, ctx) for e in (0, 2, 3)]
+    base = VirtualConfig(workers=workers, profile=PROFILE, env_slots=slots)
+    d = decide(members, base, n_ref=4, margin=margin)
+    full = {c.name: [simulate(m.trace, candidate_config(c, base, samples=n, n_ref=4, priors=pri,
+                                                         context_priors=ctx)).summary.makespan_s for m in members]
+            for c in d.candidates}  # fmt: skip
+    for name, preds in d.predictions.items():  # a cut run really passed the point where it stopped
+        for pred, real, at in zip(preds, full[name], d.cut_at[name], strict=True):
+            assert pred == pytest.approx(real, rel=1e-9) if math.isfinite(pred) else real >= at
+    assert choose(full, d.candidates, margin).name == d.choice.name
+    assert d.choice.fallback == choose(full, d.candidates, margin).fallback
+    chosen, fallback = full[d.choice.name], full[d.choice.fallback]
+    factor = 1.0 if d.choice.name == d.choice.fallback else 1 - margin
+    assert all(t <= factor * f for t, f in zip(chosen, fallback, strict=True))  # in every member
