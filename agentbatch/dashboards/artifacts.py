@@ -69,7 +69,8 @@ class BatchProgressArtifact:
         self.total = 0
         self.sent = 0  # updates sent to the API (the creation not counted)
         self._last_sent = -math.inf
-        self._pending: int | None = None
+        self._pending: int | None = None  # the newest value not sent yet
+        self._sending = False
 
     def _description(self, done: int) -> str:
         return f"agentbatch batch {self.batch_id}: {done}/{self.total} samples done"
@@ -88,32 +89,41 @@ class BatchProgressArtifact:
             log.warning("cannot create the Prefect progress artifact: %s", exc)
 
     async def update(self, done: int) -> None:
+        """Called as each sample ends. One update at a time: while one is on its way the newest value
+        waits (thousands of samples ending at once must not each open a request to the API)."""
         if self.artifact_id is None:
             return
-        last = done >= self.total
-        if not last and time.monotonic() - self._last_sent < self.min_interval_s:
-            self._pending = done
+        self._pending = done
+        if self._sending or (done < self.total and time.monotonic() - self._last_sent < self.min_interval_s):
             return
-        await self._send(done)
+        await self._send()
 
     async def flush(self) -> None:
         """Send a value held back by the throttle (call when the batch stops early)."""
-        if self.artifact_id is not None and self._pending is not None:
-            await self._send(self._pending)
+        if self.artifact_id is not None and self._pending is not None and not self._sending:
+            await self._send()
 
-    async def _send(self, done: int) -> None:
+    async def _send(self) -> None:
+        """Send the pending value; again when the last one arrived while sending (it is always sent)."""
         from prefect.artifacts import aupdate_progress_artifact
 
         assert self.artifact_id is not None
-        progress = 100.0 * done / self.total if self.total else 100.0
+        self._sending = True
         try:
-            await aupdate_progress_artifact(self.artifact_id, progress=min(progress, 100.0),
-                                            description=self._description(done))
-            self.sent += 1
-            self._last_sent = time.monotonic()
-            self._pending = None
-        except Exception as exc:  # noqa: BLE001
-            log.warning("cannot update the Prefect progress artifact: %s", exc)
+            while self._pending is not None:
+                done, self._pending = self._pending, None
+                progress = 100.0 * done / self.total if self.total else 100.0
+                try:
+                    await aupdate_progress_artifact(self.artifact_id, progress=min(progress, 100.0),
+                                                    description=self._description(done))
+                    self.sent += 1
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("cannot update the Prefect progress artifact: %s", exc)
+                self._last_sent = time.monotonic()
+                if self._pending is not None and self._pending < self.total:
+                    break  # not the last value: it waits for the next update after the interval
+        finally:
+            self._sending = False
 
 
 def _clean(v: Any) -> Any:

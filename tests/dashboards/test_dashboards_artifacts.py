@@ -91,6 +91,24 @@ def test_throttle_sends_again_after_the_interval(prefect_api, batch):
     assert float(art.data) == pytest.approx(50.0)
 
 
+def test_samples_ending_at_once_send_one_update_at_a_time_and_the_last(prefect_api, batch):
+    """400 samples ending at once (no throttle interval): each update waits for none, at most one request
+    is on its way at any time, and the final value reaches the server."""
+    store, bid = batch
+
+    @flow
+    async def f() -> tuple[int, str]:
+        progress = BatchProgressArtifact(min_interval_s=0.0)
+        await progress.start(bid, total=400, store_url=store.url)
+        await asyncio.gather(*(progress.update(done) for done in range(1, 401)))
+        return progress.sent, flow_run.id
+
+    sent, run_id = asyncio.run(f())
+    assert 2 <= sent < 20, sent  # the first, then the newest value after each, and the last
+    (art,) = asyncio.run(_read(progress_key(bid, store.url), run_id))
+    assert float(art.data) == pytest.approx(100.0) and "400/400" in art.description
+
+
 def test_outside_a_flow_run_does_nothing(prefect_api, batch):
     store, bid = batch
 
