@@ -74,6 +74,11 @@ class McpConnection:
         self._broken = False  # the transport closed under us (server died)
 
     @property
+    def client(self) -> Any:
+        """The connected `mcp.Client` (None before `start`): for reading what it negotiated."""
+        return self._client
+
+    @property
     def alive(self) -> bool:
         return self._ready.done() and not self._done.done() and not self._broken
 

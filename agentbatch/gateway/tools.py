@@ -32,6 +32,7 @@ from agentbatch.environments.mcp_env import (
 )
 from agentbatch.gateway.cluster import ROUTED_HEADER
 from agentbatch.gateway.identity import MCP_META_KEY, SampleIdError, tool_sample_key
+from agentbatch.gateway.mcp_direct import DirectCaller
 from agentbatch.gateway.state import GatewayState, acquire_step, release_step
 from agentbatch.protocols.retry import Call, Effects, StepFailed
 from agentbatch.scheduling.types import StepKind
@@ -54,6 +55,9 @@ class ToolGateway:
         # With several processes: the owner's internal URL of a sample (None: this one) and the client.
         self.owner_url: Callable[[str], str | None] | None = None
         self.forwarder: Callable[[], aiohttp.ClientSession] | None = None
+        # Shared connections whose calls go straight over HTTP (`mcp_direct.py`), and their client.
+        self.direct: dict[McpConnection, DirectCaller] = {}
+        self._http: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         if not self.specs:
@@ -64,9 +68,23 @@ class ToolGateway:
             by_upstream[(conn.spec.name, name)].model_copy(update={"name": exposed})
             for exposed, (conn, name) in self.toolset.route.items() if not name.startswith(HIDDEN_PREFIX)
         ]
+        self._direct_callers()
+
+    def _direct_callers(self) -> None:
+        """Direct callers for the shared HTTP connections that allow them (after every (re)connect)."""
+        if self.toolset is None:
+            return
+        if self._http is None:
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+                                               auto_decompress=False)
+        callers = {conn: DirectCaller.of(conn, self._http) for conn in self.toolset.connections
+                   if conn.spec.name not in self.sessions.upstreams}
+        self.direct = {conn: caller for conn, caller in callers.items() if caller is not None}
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
+        if self._http is not None:
+            await self._http.close()
         if self.toolset is not None:
             for conn in self.toolset.connections:
                 await conn.close()
@@ -130,8 +148,12 @@ class ToolGateway:
             record = environment_request(calls=[{"name": name, "server": conn.spec.name, "arguments": arguments}])
             held.begin(state, record)
             try:
-                conn = await self.sessions.connection(key, conn)
-                out = await conn.call(upstream_name, arguments, meta={MCP_META_KEY: key})
+                direct = self.direct.get(conn)
+                if direct is not None and direct.covers(upstream_name):
+                    out = await direct.call(upstream_name, arguments, meta={MCP_META_KEY: key})
+                else:
+                    conn = await self.sessions.connection(key, conn)
+                    out = await conn.call(upstream_name, arguments, meta={MCP_META_KEY: key})
             except BaseException as exc:
                 held.fail(state, f"{exc.__class__.__name__}: {exc}")
                 raise
@@ -178,6 +200,7 @@ class ToolGateway:
         async with self._reconnecting:
             if self.toolset is not None and not all(c.alive for c in self.toolset.connections):
                 self.toolset = await reconnect_dead(self.toolset, self.state.settings.call_timeout_s)
+                self._direct_callers()
 
 
 class SampleSessions:
