@@ -49,6 +49,7 @@ class ToolGateway:
         self.state = state
         self.toolset: Toolset | None = None
         self.tools: list[types.Tool] = []
+        self.schemas: dict[str, Any] = {}  # exposed name -> input schema
         self._reconnecting = asyncio.Lock()
         self.sessions = SampleSessions(set(per_sample), state.settings.call_timeout_s)
         state.registry.on_end.append(lambda sample: self.sessions.end(sample.key))
@@ -68,6 +69,7 @@ class ToolGateway:
             by_upstream[(conn.spec.name, name)].model_copy(update={"name": exposed})
             for exposed, (conn, name) in self.toolset.route.items() if not name.startswith(HIDDEN_PREFIX)
         ]
+        self.schemas = {t.name: t.input_schema for t in self.tools}
         self._direct_callers()
 
     def _direct_callers(self) -> None:
@@ -105,7 +107,7 @@ class ToolGateway:
         def input_schema(name: str) -> Any:
             # The transport checks Mcp-Param headers against the tool's schema: from here, not by
             # dispatching a whole tools/list per call.
-            return next((t.input_schema for t in self.tools if t.name == name), None)
+            return self.schemas.get(name)
 
         return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool,
                       get_tool_input_schema=input_schema)

@@ -1,0 +1,83 @@
+"""Tool calls sent straight over HTTP to a stateless streamable-HTTP upstream (`gateway/mcp_direct.py`)
+give what the `mcp` client SDK gives for the same calls, and fail the way it fails."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+from testkit import free_port, wait_until
+
+from agentbatch.environments.mcp_client import McpConnection, McpServerSpec
+from agentbatch.gateway.mcp_direct import DirectCaller
+from agentbatch.protocols.environment import EnvironmentFailure, EnvironmentUnreachable
+
+
+def listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def probe_url() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentbatch.environments.mcp_servers.probe_server",
+                             "--http", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        wait_until(lambda: listens(port), 60, "the probe server", alive=lambda: proc.poll() is None)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_direct_calls_answer_as_the_sdk_does(probe_url):
+    calls = [("echo", {"text": "hi"}), ("nope", {"text": "x"}), ("fail", {}), ("echo", {"wrong": 1})]
+
+    async def main() -> tuple[list, list, set[str]]:
+        conn = McpConnection(McpServerSpec(name="probe", url=probe_url), call_timeout_s=30)
+        await conn.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                direct = DirectCaller.of(conn, http)
+                assert direct is not None
+                meta = {"agentbatch/sample": "s1"}
+                fast = [await direct.call(name, args, meta=meta) for name, args in calls]
+                sdk = [await conn.call(name, args, meta=meta) for name, args in calls]
+                return fast, sdk, direct.direct
+        finally:
+            await conn.close()
+
+    fast, sdk, covered = asyncio.run(main())
+    assert {"echo", "fail", "session"} <= covered
+    assert fast == sdk
+    assert fast[0].content[0].text == "hi" and not fast[0].is_error
+    assert fast[1].is_error and fast[2].is_error  # an unknown tool, a tool that fails: tool errors
+
+
+def test_a_stopped_upstream_is_unreachable_and_a_stuck_one_times_out(probe_url):
+    async def main() -> None:
+        conn = McpConnection(McpServerSpec(name="probe", url=probe_url), call_timeout_s=0.5)
+        await conn.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                direct = DirectCaller.of(conn, http)
+                assert direct is not None
+                with pytest.raises(EnvironmentFailure, match="no answer"):
+                    await direct.call("sleep", {"seconds": 5})
+                direct.conn.spec.url = f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
+                with pytest.raises(EnvironmentUnreachable):
+                    await direct.call("echo", {"text": "x"})
+        finally:
+            await conn.close()
+
+    asyncio.run(main())
