@@ -152,3 +152,29 @@ def test_progress_is_counted_by_the_core_on_release() -> None:
     p = asyncio.run(scenario())
     assert p.steps_done == 4 and p.attained_s >= 0.04  # grant to release, summed
     assert p.last_worker in ("w0", "w1")
+
+
+def test_thousands_of_waiters_cancelled_at_once_give_their_grants_back() -> None:
+    """A run stopped with thousands of samples waiting for one slot: each grant to a cancelled waiter
+    goes back and frees the next, thousands deep, without recursion, and the slot ends free."""
+    coord = make(AdmissionLimits(max_active_samples=5000, env_slots=1, per_worker_inflight=1))
+
+    async def main() -> None:
+        holder = SampleProgress(sample_id=0, task_id="t0", arrival_seq=0)
+        await coord.admit(holder)
+        held = StepTicket(sample=holder, kind=StepKind.ENVIRONMENT, step_index=0, enqueued_at=0.0)
+        slot = await coord.acquire(held)
+        progress = [SampleProgress(sample_id=i, task_id=f"t{i}", arrival_seq=i) for i in range(1, 3001)]
+        for p in progress:
+            await coord.admit(p)
+        tickets = [StepTicket(sample=p, kind=StepKind.ENVIRONMENT, step_index=0, enqueued_at=0.0) for p in progress]
+        waiting = [asyncio.ensure_future(coord.acquire(t)) for t in tickets]
+        await asyncio.sleep(0)  # every waiter queued
+        for w in waiting:
+            w.cancel()  # their futures are cancelled at once; their except clauses run later
+        coord.release(held, slot)  # the grant goes from cancelled waiter to cancelled waiter
+        results = await asyncio.gather(*waiting, return_exceptions=True)
+        assert all(isinstance(r, asyncio.CancelledError) for r in results)
+        assert coord.capacities()["environment"] == (1, 0)
+
+    asyncio.run(main())
