@@ -59,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
             note = mark_prefect_crashed(batch.flow_run_id if batch else None, eta.notes[-1])
             eta.notes.extend([note] if note else [])
         print(eta.to_text(), flush=True)
-        for stopped in stopped_in_flight(store.samples(args.batch_id)):
+        samples = store.samples(args.batch_id)  # read once: 10,000 rows take a quarter of a second
+        for stopped in stopped_in_flight(samples):
             print(f"  CHECK sample {stopped['sample']}: {stopped['check']}", flush=True)
-        if by_group := group_line(group_scores(store.samples(args.batch_id)), "  score by group "):
+        if by_group := group_line(group_scores(samples), "  score by group "):
             print(by_group, flush=True)
         batch = store.get_batch(args.batch_id)
         print(plugins_line(batch.config if batch else {}), flush=True)
