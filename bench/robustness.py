@@ -322,15 +322,9 @@ def _summary(results: list[CellResult], wall: float) -> int:
         return 1
     ratios = [r.ratio for r in results]
     worse = sum(1 for x in ratios if x > 1.02)
-    hardest = sorted(results, key=lambda r: -r.ratio)[:5]
     print(f"# {wall:.0f}s wall, load average {os.getloadavg()[0]:.1f}; scores identical in every cell: "
           f"{all(r.scores_same for r in results)}")  # fmt: skip
-    print("# hardest cells (chosen / best baseline): " + "; ".join(
-        f"{r.cell.name}/s{r.cell.seed} x{r.ratio:.3f} ({r.chosen} vs {r.best_baseline}, {r.cause()}; oracle {r.oracle} "
-        f"x{r.oracle_s / r.baseline_s:.3f})" for r in hardest))  # fmt: skip
-    print(f"# defaults: worse than best baseline by >2% in {sum(1 for r in results if r.default_s > 1.02 * r.baseline_s)} "
-          f"of {len(results)}; geomean vs best baseline {_geomean([r.default_s / r.baseline_s for r in results]):.3f}; "
-          f"oracle vs best baseline {_geomean([r.oracle_s / r.baseline_s for r in results]):.3f}")  # fmt: skip
+    _hardest_and_defaults(results)
     _deciding(results)
     _causes([r for r in results if r.ratio > 1.02])
     print(f"# {len(results)} cells ran")
@@ -339,6 +333,16 @@ def _summary(results: list[CellResult], wall: float) -> int:
           f"{_geomean([r.chosen_s / r.lb_s for r in results]):.3f}; vs tight LB "
           f"{_geomean([r.chosen_s / r.tight_lb_s for r in results]):.3f}")  # fmt: skip
     return 0
+
+
+def _hardest_and_defaults(results: list[CellResult]) -> None:
+    hardest = sorted(results, key=lambda r: -r.ratio)[:5]
+    print("# hardest cells (chosen / best baseline): " + "; ".join(
+        f"{r.cell.name}/s{r.cell.seed} x{r.ratio:.3f} ({r.chosen} vs {r.best_baseline}, {r.cause()}; oracle {r.oracle} "
+        f"x{r.oracle_s / r.baseline_s:.3f})" for r in hardest))  # fmt: skip
+    print(f"# defaults: worse than best baseline by >2% in {sum(1 for r in results if r.default_s > 1.02 * r.baseline_s)} "
+          f"of {len(results)}; geomean vs best baseline {_geomean([r.default_s / r.baseline_s for r in results]):.3f}; "
+          f"oracle vs best baseline {_geomean([r.oracle_s / r.baseline_s for r in results]):.3f}")  # fmt: skip
 
 
 def _causes(worse: list[CellResult]) -> None:
