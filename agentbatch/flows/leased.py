@@ -267,15 +267,15 @@ class LeaseKeeper:
 
     def sample_ended(self, coordinator: Coordinator, sample_id: int, status: SampleStatus) -> None:
         """A sample of this process ended, its admission slot not yet freed: once failures exceed
-        --fail-on-error no sample is admitted any more (admission drops to 0 before the slot is
-        freed), so the stop comes at that failure, not at a later one."""
+        --fail-on-error no sample is admitted any more (admission stops before the slot is freed),
+        so the stop comes at that failure, not at a later one."""
         if status != SampleStatus.FAILED or not self.policy.active:
             return
         self._failed_here.add(sample_id)
         failed = self._failed_before + len(self._failed_here)
         if self._stop is None and self.policy.exceeded(failed, self.total):
             self._stop = self._stopped_message(failed)
-            coordinator.set_capacities({"admission": 0})
+            coordinator.stop_admission()
 
     def _stopped_message(self, failed: int) -> str:
         return f"stopped: {failed} of {self.total} samples failed (--fail-on-error: {self.policy.describe()})"

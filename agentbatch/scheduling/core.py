@@ -123,6 +123,7 @@ class SchedulingCore:
         # or the engine model's KV usage) to the router's view of the workers.
         self.load_hook = load_hook
         self.admission_limit = limits.max_active_samples
+        self.admission_stopped = False  # stop_admission: nothing is admitted any more
         self._admission_queue = FifoQueue()
         self.admission = SlotPool(ADMISSION, "active-", limits.effective_active(), self._admission_queue)
         self.environment = SlotPool(ENVIRONMENT, "env-", limits.env_slots, env_queue)
@@ -219,6 +220,12 @@ class SchedulingCore:
         self.admission_limit = limit
         self.admission.resize(self.limits.effective_active(limit))
         return self._pump(self.admission, now)
+
+    def stop_admission(self) -> None:
+        """Admit no sample from now on (the batch is stopping: --fail-on-error); no later limit or
+        capacity change, an admission controller's included, opens admission again. Admitted samples
+        run on."""
+        self.admission_stopped = True
 
     def set_env_slots(self, slots: int, now: float) -> list[Grant]:
         """Change how many environment actions may run at once (e.g. this process's share of a limit
@@ -324,6 +331,8 @@ class SchedulingCore:
 
     def _pump(self, pool: SlotPool, now: float) -> list[Grant]:
         grants: list[Grant] = []
+        if pool is self.admission and self.admission_stopped:
+            return grants
         while pool.free and len(pool.queue):
             ticket = pool.queue.pop(now)
             grants.append(self._record(Grant(ticket, pool.name, pool.take()), now))

@@ -106,6 +106,10 @@ class Coordinator:
     def finish(self, sample: SampleProgress) -> None:
         self._deliver(self.core.finish(sample, self.clock()))
 
+    def stop_admission(self) -> None:
+        """Admit no sample from now on, whatever limit is set later (`SchedulingCore.stop_admission`)."""
+        self.core.stop_admission()
+
     def set_admission_limit(self, limit: int) -> None:
         """Change the admission limit while the batch runs (waiting samples are admitted at once
         when it grows; a lower limit takes effect as samples finish)."""

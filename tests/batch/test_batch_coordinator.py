@@ -178,3 +178,25 @@ def test_thousands_of_waiters_cancelled_at_once_give_their_grants_back() -> None
         assert coord.capacities()["environment"] == (1, 0)
 
     asyncio.run(main())
+
+
+def test_stopped_admission_stays_stopped_when_the_limit_grows() -> None:
+    """--fail-on-error stops admission: neither a freed slot nor an admission controller raising the
+    limit admits a waiting sample afterwards; an admitted sample runs on."""
+    coord = make(AdmissionLimits(max_active_samples=1, env_slots=1, per_worker_inflight=1))
+
+    async def main() -> None:
+        first, second = (SampleProgress(sample_id=i, task_id=f"t{i}", arrival_seq=i) for i in range(2))
+        await coord.admit(first)
+        waiting = asyncio.ensure_future(coord.admit(second))
+        await asyncio.sleep(0)
+        coord.stop_admission()
+        step = StepTicket(sample=first, kind=StepKind.ENVIRONMENT, step_index=0, enqueued_at=0.0)
+        coord.release(step, await coord.acquire(step))  # the admitted sample still gets its steps
+        coord.set_admission_limit(5)
+        coord.finish(first)
+        await asyncio.sleep(0.01)
+        assert not waiting.done() and coord.waiting_admission == 1
+        waiting.cancel()
+
+    asyncio.run(main())
