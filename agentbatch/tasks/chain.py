@@ -46,41 +46,44 @@ async def run_sample(
         await coordinator.admit(progress)
     status: SampleStatus | None = None  # None: cut short (cancelled), neither completed nor failed
     try:
-        await batch.writer.update_sample(sample.id, {"status": SampleStatus.RUNNING, "admitted_at": time.time()})
-        task = TaskSpec(task_id=sample.task_id, data=sample.task or {}, group=sample.task_group or "")
-        env = off_the_loop(batch.workload.create(task), batch.step_timeout_s)  # blocking code: own thread
-        try:
-            fresh = sample.status == SampleStatus.PENDING and not sample.retries  # retried: rebuild first
-            run = await _start(batch, sample.id, task, env, progress, fresh=fresh)
-            if stop := await reconcile_in_flight(batch, sample.id, sample.task_id, env, run.state.last_assistant,
-                                                 run.meta):  # a step cut short by a crash, and nobody can tell
-                await _finish(batch, sample.id, score=None, result=None, error=stop)
-                status = SampleStatus.FAILED
-                return status
-            while not run.state.done and run.state.step_index < batch.max_steps:
-                ticket = StepTicket(
-                    sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
-                    enqueued_at=batch.clock(),
-                )
-                await execute(batch, run, ticket)
-            result = await _score(batch, env)
-            if not run.state.done:
-                result["stopped"] = f"step limit {batch.max_steps} reached"
-            await _finish(batch, sample.id, score=float(result["score"]), result=result)
-            status = SampleStatus.COMPLETED
-            return status
-        except Exception as exc:  # StepFailed, or an environment or scorer error: this sample fails, not the batch
-            log.warning("sample %s (%s) failed: %s", sample.index, sample.task_id, exc,
-                        exc_info=not isinstance(exc, StepFailed))
-            await _finish(batch, sample.id, score=None, result=None, error=str(exc))
-            status = SampleStatus.FAILED
-            return status
-        finally:
-            await env.close()
+        status = await _run_admitted(batch, sample, progress, execute)
+        return status
     finally:
-        if batch.on_sample_end is not None and status is not None:  # before the slot is freed: --fail-on-error stops admission here
+        if batch.on_sample_end is not None and status is not None:  # before the slot is freed (--fail-on-error)
             batch.on_sample_end(sample.id, status)
         coordinator.finish(progress)
+
+
+async def _run_admitted(batch: BatchContext, sample: Sample, progress: SampleProgress,
+                        execute: StepExecutor) -> SampleStatus:
+    await batch.writer.update_sample(sample.id, {"status": SampleStatus.RUNNING, "admitted_at": time.time()})
+    task = TaskSpec(task_id=sample.task_id, data=sample.task or {}, group=sample.task_group or "")
+    env = off_the_loop(batch.workload.create(task), batch.step_timeout_s)  # blocking code: own thread
+    try:
+        fresh = sample.status == SampleStatus.PENDING and not sample.retries  # retried: rebuild first
+        run = await _start(batch, sample.id, task, env, progress, fresh=fresh)
+        if stop := await reconcile_in_flight(batch, sample.id, sample.task_id, env, run.state.last_assistant,
+                                             run.meta):  # a step cut short by a crash, and nobody can tell
+            await _finish(batch, sample.id, score=None, result=None, error=stop)
+            return SampleStatus.FAILED
+        while not run.state.done and run.state.step_index < batch.max_steps:
+            ticket = StepTicket(
+                sample=progress, kind=run.state.next_kind, step_index=run.state.step_index,
+                enqueued_at=batch.clock(),
+            )
+            await execute(batch, run, ticket)
+        result = await _score(batch, env)
+        if not run.state.done:
+            result["stopped"] = f"step limit {batch.max_steps} reached"
+        await _finish(batch, sample.id, score=float(result["score"]), result=result)
+        return SampleStatus.COMPLETED
+    except Exception as exc:  # StepFailed, or an environment or scorer error: this sample fails, not the batch
+        log.warning("sample %s (%s) failed: %s", sample.index, sample.task_id, exc,
+                    exc_info=not isinstance(exc, StepFailed))
+        await _finish(batch, sample.id, score=None, result=None, error=str(exc))
+        return SampleStatus.FAILED
+    finally:
+        await env.close()
 
 
 async def _score(batch: BatchContext, env: Environment) -> dict[str, Any]:
