@@ -35,12 +35,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-for key, value in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
-                   "PREFECT_LOGGING_TO_API_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
-                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}.items():
-    os.environ.setdefault(key, value)
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quiet_prefect  # noqa: E402, F401 - Prefect settings before Prefect is imported
+
 SYSTEM_TOKENS = 8000  # every conversation starts at 8 k tokens and grows with its observations
 TOOLS = 16
 

@@ -15,11 +15,10 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-for key, value in {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
-                   "PREFECT_LOGGING_TO_API_ENABLED": "false", "PREFECT_SERVER_LOGGING_LEVEL": "CRITICAL",
-                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}.items():
-    os.environ.setdefault(key, value)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quiet_prefect  # noqa: E402, F401 - Prefect settings before Prefect is imported
 
 from agentbatch.db.store import Store  # noqa: E402
 from agentbatch.flows.batch import create_batch, execute_batch, run_flow  # noqa: E402
