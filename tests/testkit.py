@@ -40,6 +40,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listens(port: int, timeout_s: float = 1.0) -> bool:
+    """True when something accepts TCP connections on 127.0.0.1:`port` (a server that has no health page)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
 def answers(url: str) -> bool:
     """True when a GET of `url` answers 200 (a server's health page), False while nothing listens."""
     import httpx

@@ -4,26 +4,18 @@ give what the `mcp` client SDK gives for the same calls, and fail the way it fai
 from __future__ import annotations
 
 import asyncio
-import socket
+import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 import pytest
-from testkit import free_port, wait_until
+from testkit import free_port, listens, wait_until
 
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec
 from agentbatch.gateway.mcp_direct import DirectCaller
 from agentbatch.protocols.environment import EnvironmentFailure, EnvironmentUnreachable
-
-
-def listens(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -40,22 +32,29 @@ def probe_url() -> Iterator[str]:
         proc.wait(timeout=30)
 
 
+@contextlib.asynccontextmanager
+async def direct_caller(url: str, call_timeout_s: float) -> AsyncIterator[DirectCaller]:
+    """A started SDK connection to `url` and the direct caller beside it (closed on the way out)."""
+    conn = McpConnection(McpServerSpec(name="probe", url=url), call_timeout_s=call_timeout_s)
+    await conn.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            direct = DirectCaller.of(conn, http)
+            assert direct is not None
+            yield direct
+    finally:
+        await conn.close()
+
+
 def test_direct_calls_answer_as_the_sdk_does(probe_url):
     calls = [("echo", {"text": "hi"}), ("nope", {"text": "x"}), ("fail", {}), ("echo", {"wrong": 1})]
 
     async def main() -> tuple[list, list, set[str]]:
-        conn = McpConnection(McpServerSpec(name="probe", url=probe_url), call_timeout_s=30)
-        await conn.start()
-        try:
-            async with aiohttp.ClientSession() as http:
-                direct = DirectCaller.of(conn, http)
-                assert direct is not None
-                meta = {"agentbatch/sample": "s1"}
-                fast = [await direct.call(name, args, meta=meta) for name, args in calls]
-                sdk = [await conn.call(name, args, meta=meta) for name, args in calls]
-                return fast, sdk, direct.direct
-        finally:
-            await conn.close()
+        async with direct_caller(probe_url, 30) as direct:
+            meta = {"agentbatch/sample": "s1"}
+            fast = [await direct.call(name, args, meta=meta) for name, args in calls]
+            sdk = [await direct.conn.call(name, args, meta=meta) for name, args in calls]
+            return fast, sdk, direct.direct
 
     fast, sdk, covered = asyncio.run(main())
     assert {"echo", "fail", "session"} <= covered
@@ -66,18 +65,11 @@ def test_direct_calls_answer_as_the_sdk_does(probe_url):
 
 def test_a_stopped_upstream_is_unreachable_and_a_stuck_one_times_out(probe_url):
     async def main() -> None:
-        conn = McpConnection(McpServerSpec(name="probe", url=probe_url), call_timeout_s=0.5)
-        await conn.start()
-        try:
-            async with aiohttp.ClientSession() as http:
-                direct = DirectCaller.of(conn, http)
-                assert direct is not None
-                with pytest.raises(EnvironmentFailure, match="no answer"):
-                    await direct.call("sleep", {"seconds": 5})
-                direct.conn.spec.url = f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
-                with pytest.raises(EnvironmentUnreachable):
-                    await direct.call("echo", {"text": "x"})
-        finally:
-            await conn.close()
+        async with direct_caller(probe_url, 0.5) as direct:
+            with pytest.raises(EnvironmentFailure, match="no answer"):
+                await direct.call("sleep", {"seconds": 5})
+            direct.conn.spec.url = f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
+            with pytest.raises(EnvironmentUnreachable):
+                await direct.call("echo", {"text": "x"})
 
     asyncio.run(main())

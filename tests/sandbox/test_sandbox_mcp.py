@@ -8,12 +8,11 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
-from testkit import free_port, wait_until
+from testkit import free_port, listens, wait_until
 
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
 from agentbatch.environments.mcp_env import McpWorkload, parse_call
@@ -144,19 +143,11 @@ def test_dead_per_sample_server_is_a_failure_then_rebuilt() -> None:
     assert old != new
 
 
-def _listens(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
-
-
 def test_streamable_http_server() -> None:
     port = free_port()
     proc = subprocess.Popen([*([PROBE["command"]] + PROBE["args"]), "--http", f"127.0.0.1:{port}"])
     try:
-        wait_until(lambda: _listens(port), 30, f"the MCP server on port {port}", alive=lambda: proc.poll() is None)
+        wait_until(lambda: listens(port, 0.5), 30, f"the MCP server on port {port}", alive=lambda: proc.poll() is None)
 
         async def main():
             conn = McpConnection(McpServerSpec(name="http", url=f"http://127.0.0.1:{port}/mcp"))
