@@ -132,8 +132,8 @@ def test_on_an_ensemble_cutting_never_changes_the_choice_and_the_choice_never_lo
     for name, preds in d.predictions.items():  # a cut run really passed the point where it stopped
         for pred, real, at in zip(preds, full[name], d.cut_at[name], strict=True):
             assert pred == pytest.approx(real, rel=1e-9) if math.isfinite(pred) else real >= at
-    assert choose(full, d.candidates, margin).name == d.choice.name
-    assert d.choice.fallback == choose(full, d.candidates, margin).fallback
+    picked = choose(full, d.candidates, margin)
+    assert picked.name == d.choice.name and picked.fallback == d.choice.fallback
     chosen, fallback = full[d.choice.name], full[d.choice.fallback]
     factor = 1.0 if d.choice.name == d.choice.fallback else 1 - margin
     assert all(t <= factor * f for t, f in zip(chosen, fallback, strict=True))  # in every member
