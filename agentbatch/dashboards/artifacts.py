@@ -111,15 +111,19 @@ class BatchProgressArtifact:
         self._sending = True
         try:
             while self._pending is not None:
-                done, self._pending = self._pending, None
+                done = self._pending  # stays pending until sent: a failed or cancelled send leaves it to flush
                 progress = 100.0 * done / self.total if self.total else 100.0
                 try:
                     await aupdate_progress_artifact(self.artifact_id, progress=min(progress, 100.0),
                                                     description=self._description(done))
-                    self.sent += 1
                 except Exception as exc:  # noqa: BLE001
                     log.warning("cannot update the Prefect progress artifact: %s", exc)
-                self._last_sent = time.monotonic()
+                    break
+                finally:
+                    self._last_sent = time.monotonic()
+                self.sent += 1
+                if self._pending == done:
+                    self._pending = None
                 if self._pending is not None and self._pending < self.total:
                     break  # not the last value: it waits for the next update after the interval
         finally:
