@@ -4,6 +4,7 @@ in `status` and in Prefect (its flow run is set to Crashed)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from pathlib import Path
@@ -80,7 +81,8 @@ def test_stale_heartbeat_is_crashed_in_status_and_prefect(prefect_api, sqlite_ur
     assert main(["status", str(bid), "--db", sqlite_url]) == 0
     out = capsys.readouterr().out
     assert f"batch {bid} (known): crashed" in out
-    assert "no heartbeat for 10m00s" in out and f"agentbatch resume {bid}" in out
+    # 600 s old when written; a loaded machine may take seconds more to reach `status`.
+    assert re.search(r"no heartbeat for 10m[0-5]\ds", out) and f"agentbatch resume {bid}" in out
     assert "ETA       unknown" in out and "marked Crashed" in out
     assert asyncio.run(state(run_id)) == "CRASHED"
     # The store is read, never written: the batch row still says running.
