@@ -1,5 +1,5 @@
 """Shared fixtures: a migrated store on SQLite (a temp file) and on PostgreSQL, one Prefect server for
-the run, and the CI=true rule (a skipped test fails the run).
+the whole run (all xdist workers), and the CI=true rule (a skipped test fails the run).
 
 PostgreSQL comes from AGENTBATCH_TEST_PG_URL (`.ci/run` starts a local cluster and sets it); the role
 needs CREATEDB. Each test gets a database of its own, created empty and dropped afterwards, so
@@ -10,6 +10,7 @@ several test folders use are in testkit.py.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -155,22 +156,25 @@ def _start_server(home: Path) -> dict[str, object]:
     return {"url": url, "pid": proc.pid}
 
 
-def _worker_server(shared: Path) -> tuple[str, Path]:
-    """This worker's server and its PREFECT_HOME: started on the first call, then reused."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    home = shared / f"prefect-home-{worker}"
-    home.mkdir(exist_ok=True)
-    info_file = shared / f"prefect-server-{worker}.json"
-    if not info_file.exists():
-        info_file.write_text(json.dumps(_start_server(home)))
-    url = json.loads(info_file.read_text())["url"]
+def _shared_server(shared: Path) -> str:
+    """The run's one Prefect server: the first worker to need it starts it (under a file lock, so
+    exactly one does), the others wait on the lock and reuse it."""
+    info_file = shared / "prefect-server.json"
+    with open(shared / "prefect-server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not info_file.exists():
+            home = shared / "prefect-server-home"
+            home.mkdir(exist_ok=True)
+            info_file.write_text(json.dumps(_start_server(home)))
+    url = str(json.loads(info_file.read_text())["url"])
     if not answers(f"{url}/health"):
-        raise RuntimeError(f"the tests' Prefect server at {url} is down; see {home / 'server.log'}")
-    return url, home
+        raise RuntimeError(f"the tests' Prefect server at {url} is down; see {shared / 'prefect-server-home'}/server.log")
+    return url
 
 
 def _stop_servers(shared: Path) -> None:
-    for info_file in sorted(shared.glob("prefect-server-*.json")):
+    info_file = shared / "prefect-server.json"
+    if info_file.exists():
         _stop_server(json.loads(info_file.read_text())["pid"])
 
 
@@ -197,16 +201,21 @@ def _group_alive(pgid: int) -> bool:
 
 @pytest.fixture(scope="session")
 def prefect_api() -> Iterator[str]:
-    """A real Prefect server for this worker's tests (unless PREFECT_API_URL points at one already).
+    """The run's real Prefect server (unless PREFECT_API_URL points at one already).
 
-    One server for every flow the worker's tests run, in-process or in subprocesses (they inherit
-    the environment), instead of a temporary server per process: those are slow to start on a loaded
-    2-core machine and lose most task-run records when their process ends.
+    One server for every flow that every worker's tests run, in-process or in subprocesses (they
+    inherit the environment), instead of a temporary server per process (slow to start on a loaded
+    2-core machine, and it loses most task-run records when its process ends) or one per worker (each
+    costs CPU to start and to idle). Tests name what they create on it (deployments, work pools, tags)
+    uniquely and read back only their own flow runs' records.
     """
     if os.environ.get("PREFECT_API_URL"):
         yield os.environ["PREFECT_API_URL"]
         return
-    url, home = _worker_server(Path(os.environ[_SHARED_DIR_ENV]))
+    shared = Path(os.environ[_SHARED_DIR_ENV])
+    url = _shared_server(shared)
+    home = shared / f"prefect-home-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"  # this worker's client files
+    home.mkdir(exist_ok=True)
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     old = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "PREFECT_HOME")}
