@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cache
 
 import pytest
 
@@ -70,19 +71,21 @@ def _fits(trace: Trace, profile_kv_tokens: int) -> bool:
     return longest < profile_kv_tokens
 
 
-def _cases() -> Iterator[tuple[int, Case, LowerBound]]:
-    """The CASES valid cases with their bounds, the same stream on every call (one seed)."""
+@cache
+def _cases() -> list[tuple[int, Case, LowerBound]]:
+    """The CASES valid cases with their bounds, the same list on every call (one seed; built once
+    per test process, which runs several parts)."""
     rng = random.Random(20251203)
-    checked = 0
-    while checked < CASES:
+    cases: list[tuple[int, Case, LowerBound]] = []
+    while len(cases) < CASES:
         case = _case(rng)
         profile = case.config.engine_profile()
         if not _fits(case.trace, profile.kv_capacity_tokens):
             continue
         lb = trace_lower_bound(case.trace, profile, case.config.workers, case.config.env_slots,
                                case.config.env_time_scale)  # fmt: skip
-        yield checked, case, lb
-        checked += 1
+        cases.append((len(cases), case, lb))
+    return cases
 
 
 def _makespans(case: Case) -> Iterator[tuple[str, float]]:
