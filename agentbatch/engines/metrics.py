@@ -222,6 +222,7 @@ class MetricsScraper:
         self.rounds = 0
         self._client: httpx.AsyncClient | None = None
         self._task: asyncio.Task[None] | None = None
+        self._recording: asyncio.Future[None] | None = None  # the last round's store write
 
     def _new_client(self) -> httpx.AsyncClient:
         # A TLS context only for https endpoints: loading the CA bundle costs ~40 ms of CPU a client.
@@ -242,8 +243,10 @@ class MetricsScraper:
             self.latest[m.name] = m
         self.rounds += 1
         if self.store is not None and self.batch_id is not None:
-            # The store is synchronous: keep its I/O off the event loop.
-            await asyncio.to_thread(self._record, self.store, self.batch_id, snaps)
+            # The store is synchronous: keep its I/O off the event loop. Shielded: stopping the loop
+            # cannot cut a write short, and `stop` waits for it before the final round writes.
+            self._recording = asyncio.ensure_future(asyncio.to_thread(self._record, self.store, self.batch_id, snaps))
+            await asyncio.shield(self._recording)
         return {m.name: m for m in snaps}
 
     def _record(self, store: Store, batch_id: int, snaps: Iterable[WorkerMetrics]) -> None:
@@ -283,6 +286,11 @@ class MetricsScraper:
             except asyncio.CancelledError:
                 pass
             self._task = None
+            if self._recording is not None and not self._recording.done():  # stopped while writing
+                try:
+                    await self._recording  # lands before the final round's write, never after it
+                except Exception:
+                    log.exception("metrics write failed")
             try:
                 await self.scrape_once()
             except Exception:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from vllm_helpers import fake_config
 
 from agentbatch.db.metrics_models import worker_metrics
 from agentbatch.db.models import Worker
+from agentbatch.db.store import Store
 from agentbatch.engines.metrics import (
     MetricsScraper,
     WorkerMetrics,
@@ -113,3 +115,40 @@ def test_scraper_records_latest_and_series_in_the_store(store, tmp_path):
     delta = rows["vllm-0"].metrics["batch_delta"]
     assert delta["prefix_cache_hits"] == w0.prefix_cache_hits - scraper.baseline["vllm-0"].prefix_cache_hits
     assert rows["gone"].metrics["ok"] is False
+
+
+class SlowFirstWrite(MetricsScraper):
+    """A scraper whose first store write takes a while (a lock held elsewhere, a loaded machine)."""
+
+    def _record(self, store, batch_id, snaps):  # type: ignore[no-untyped-def]
+        if self.rounds == 1:
+            time.sleep(0.5)
+        super()._record(store, batch_id, snaps)
+
+
+def test_stopping_during_a_write_waits_for_it_before_the_final_round(sqlite_url, tmp_path):
+    """Stopped while a round writes: that write lands, before the final round's (whose counters are
+    the newest), so the store holds one row per round and the latest snapshot is the final one."""
+    store = Store(sqlite_url)
+    batch_id = store.create_batch("metrics", {}, [("t0", {})])
+    cluster = WorkerCluster(fake_config(tmp_path, count=1))
+    cluster.up()
+    try:
+        endpoints = {e.name: e.base_url for e in cluster.endpoints}
+
+        async def run() -> MetricsScraper:
+            async with SlowFirstWrite(endpoints, interval_s=0.05, store=store, batch_id=batch_id) as s:
+                while s.rounds < 1:  # the first round is writing now
+                    await asyncio.sleep(0.01)
+            return s
+
+        scraper = asyncio.run(run())
+        series = worker_metrics(store, batch_id, "vllm-0")
+        assert len(series) == scraper.rounds == 2
+        assert series[-1]["prefix_cache_queries"] == scraper.latest["vllm-0"].prefix_cache_queries
+        with store.session() as s:
+            latest = s.query(Worker).filter_by(batch_id=batch_id, name="vllm-0").one().metrics
+        assert latest["prefix_cache_queries"] == scraper.latest["vllm-0"].prefix_cache_queries
+    finally:
+        cluster.down()
+        store.close()
