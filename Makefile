@@ -32,6 +32,9 @@ demo: $(STAMP)
 # expensive module fixture stay on one worker (xdist_group marks, --dist loadgroup).
 TEST_WORKERS ?= 4
 test: $(STAMP)
+	# Bytecode written once: under PYTHONDONTWRITEBYTECODE each of the ~150 agentbatch processes that
+	# the tests start would compile the package again (~0.25 s CPU each); stale files are never used.
+	$(BIN)/python -m compileall -q agentbatch examples/plugin_toolbench integrations/inspect_agentbatch
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: $(STAMP)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,36 @@ def write_config(tmp_path: Path, cfg: dict[str, Any]) -> Path:
 
 def cli_env(db_url: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "AGENTBATCH_DB_URL": db_url, **extra}
+
+
+def run_cli_here(args: list[str], db_url: str) -> subprocess.CompletedProcess[str]:
+    """`agentbatch ARGS` in this process, for a command whose process is not the point (nothing kills
+    it, nothing runs beside it): what `run_cli` returns, without ~3 s of CPU to start a process.
+    Output goes to files (children it starts, such as stdio MCP servers, write to their descriptors);
+    its log lines go to the captured stderr, as the CLI's own logging setup would send them."""
+    from agentbatch.flows.cli import main
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        handler = logging.StreamHandler(err)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger()
+        old_level, old_url = root.level, os.environ.get("AGENTBATCH_DB_URL")
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        os.environ["AGENTBATCH_DB_URL"] = db_url
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main(list(args))
+        finally:
+            root.removeHandler(handler)
+            root.setLevel(old_level)
+            if old_url is None:
+                os.environ.pop("AGENTBATCH_DB_URL", None)
+            else:
+                os.environ["AGENTBATCH_DB_URL"] = old_url
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(args, code, out.read(), err.read())
 
 
 def start_cli(args: list[str], db_url: str, **popen: Any) -> subprocess.Popen[str]:

@@ -218,10 +218,10 @@ def test_kill_during_external_step_then_resume_refunds_once(tmp_path: Path, sqli
     """The run is killed while a slow remote refund is in flight (the refund already happened); the
     resume flags the step "may have executed", re-runs it with the same idempotency key, and the
     ledger shows one refund."""
-    from reliability_helpers import run_cli
+    from reliability_helpers import run_cli_here
 
     assert _one(_killed_during(tmp_path, sqlite_url, "slow_cancel", {"reservation": "r1"})["refunds"]) == {"r1": 1}
-    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    resumed = run_cli_here(["resume", "1", "--no-progress"], sqlite_url)
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr  # 1: no check, score 0 is fine
     assert "may have executed: 1 step(s)" in resumed.stdout, resumed.stdout
     assert _one(refunds(tmp_path)) == {"r1": 1}  # the re-run sent the same key: no second refund
@@ -238,10 +238,10 @@ def test_kill_during_unkeyed_write_stops_the_sample_and_says_so(tmp_path: Path, 
     """A write with no idempotency key and no annotation, applied by the server but not recorded: the
     resume does not apply it again; the sample stops naming the step and the call, `status` and the
     report's summary.json list it, and `retry` holds it until it is acknowledged."""
-    from reliability_helpers import run_cli
+    from reliability_helpers import run_cli_here
 
     assert _one(_killed_during(tmp_path, sqlite_url, "slow_refund", {"reservation": "r1"})["refunds"]) == {"r1": 1}
-    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    resumed = run_cli_here(["resume", "1", "--no-progress"], sqlite_url)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     assert _one(refunds(tmp_path)) == {"r1": 1}  # not applied twice (it was, before)
     store = Store(sqlite_url)
@@ -250,14 +250,14 @@ def test_kill_during_unkeyed_write_stops_the_sample_and_says_so(tmp_path: Path, 
     assert sample.status == "failed" and (sample.error or "").startswith(IN_FLIGHT_STOPPED)
     assert "slow_refund" in sample.error and f"agentbatch retry 1 --in-flight-checked {sample.id}" in sample.error
 
-    status = run_cli(["status", "1"], sqlite_url)
+    status = run_cli_here(["status", "1"], sqlite_url)
     assert f"CHECK sample {sample.id}:" in status.stdout and "slow_refund" in status.stdout, status.stdout
-    report = run_cli(["report", "1", "--out", str(tmp_path / "report")], sqlite_url)
+    report = run_cli_here(["report", "1", "--out", str(tmp_path / "report")], sqlite_url)
     assert report.returncode == 0, report.stdout + report.stderr
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert [s["sample"] for s in summary[0]["stopped_in_flight"]] == [sample.id]
 
-    retried = run_cli(["retry", "1", "--no-progress"], sqlite_url)
+    retried = run_cli_here(["retry", "1", "--no-progress"], sqlite_url)
     assert "retrying 0 failed sample(s)" in retried.stdout and f"sample(s) {sample.id}" in retried.stdout, retried.stdout
     assert _one(refunds(tmp_path)) == {"r1": 1}
     assert_checked_retry_completes(tmp_path, sqlite_url, sample.id)
@@ -267,9 +267,9 @@ def test_kill_during_unkeyed_write_stops_the_sample_and_says_so(tmp_path: Path, 
 def assert_checked_retry_completes(tmp_path: Path, sqlite_url: str, sample_id: int) -> None:
     """`retry --in-flight-checked SAMPLE_ID` through the CLI: the step runs again, the sample completes,
     its flagged step is marked checked (not counted as unchecked, not asked about again)."""
-    from reliability_helpers import run_cli
+    from reliability_helpers import run_cli_here
 
-    checked = run_cli(["retry", "1", "--in-flight-checked", str(sample_id), "--no-progress"], sqlite_url)
+    checked = run_cli_here(["retry", "1", "--in-flight-checked", str(sample_id), "--no-progress"], sqlite_url)
     assert "retrying 1 failed sample(s)" in checked.stdout, checked.stdout + checked.stderr
     assert checked.returncode in (0, 1), checked.stdout + checked.stderr  # 1: no check, score 0 is fine
     store = Store(sqlite_url)
@@ -285,11 +285,11 @@ def assert_checked_retry_completes(tmp_path: Path, sqlite_url: str, sample_id: i
 def test_kill_during_idempotent_annotated_call_runs_it_again(tmp_path: Path, sqlite_url: str) -> None:
     """A tool annotated `idempotentHint` (read from list_tools) is safe to repeat: the resume runs the
     step again and the sample completes."""
-    from reliability_helpers import run_cli
+    from reliability_helpers import run_cli_here
 
     ledger_state = _killed_during(tmp_path, sqlite_url, "slow_set_status", {"reservation": "r1", "status": "cancelled"})
     assert _one(ledger_state["calls"]) == {"r1": 1}
-    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    resumed = run_cli_here(["resume", "1", "--no-progress"], sqlite_url)
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr
     after = json.loads((tmp_path / "ledger.json").read_text())
     assert _one(after["calls"]) == {"r1": 2} and _one(after["status"]) == {"r1": "cancelled"}
@@ -304,12 +304,12 @@ def test_kill_during_unkeyed_write_the_server_reconciles(tmp_path: Path, sqlite_
     """The same unkeyed write with the workload's reconcile hook (`reconcile_tool`): on resume the
     server says the refund ran, so the step is recorded with the server's result and not executed
     again; the sample completes with one refund."""
-    from reliability_helpers import run_cli
+    from reliability_helpers import run_cli_here
 
     killed = _killed_during(tmp_path, sqlite_url, "slow_refund", {"reservation": "r1"},
                             reconcile_tool="agentbatch_reconcile")
     assert _one(killed["refunds"]) == {"r1": 1}
-    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    resumed = run_cli_here(["resume", "1", "--no-progress"], sqlite_url)
     assert resumed.returncode in (0, 1), resumed.stdout + resumed.stderr  # 1: no check, score 0 is fine
     assert _one(refunds(tmp_path)) == {"r1": 1}  # not applied twice
     store = Store(sqlite_url)
@@ -328,12 +328,12 @@ def test_kill_during_write_the_server_cannot_reconcile_stops_the_sample(tmp_path
     """The hook answers "cannot tell" (a notification the server keeps no trace of): the sample stops as
     without a hook, the answer in its error; once checked, `retry --in-flight-checked` runs the step
     again without asking."""
-    from reliability_helpers import run_cli
+    from reliability_helpers import run_cli_here
 
     killed = _killed_during(tmp_path, sqlite_url, "slow_notify", {"reservation": "r1"},
                             reconcile_tool="agentbatch_reconcile")
     assert killed["notified"] == 1
-    resumed = run_cli(["resume", "1", "--no-progress"], sqlite_url)
+    resumed = run_cli_here(["resume", "1", "--no-progress"], sqlite_url)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr
     store = Store(sqlite_url)
     sample = store.samples(1)[0]
