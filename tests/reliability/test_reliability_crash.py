@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import bfcl_config, completions, run_cli, start_cli, write_config
+from reliability_helpers import bfcl_config, completions, run_cli_here, start_cli, write_config
 from sqlalchemy import select
 from testkit import wait_until
 
@@ -61,7 +61,7 @@ def test_kill_9_reads_crashed_at_once_and_the_flow_run_is_crashed(db_url: str, t
                        f"the flow run is Crashed (run log: {log.read_text()[-2000:]})")
     assert state
 
-    status = run_cli(["status", str(batch.id)], db_url)
+    status = run_cli_here(["status", str(batch.id)], db_url)
     assert status.returncode == 0, status.stdout + status.stderr
     assert "crashed" in status.stdout and "no longer exists on this host" in status.stdout, status.stdout
     assert f"agentbatch resume {batch.id}" in status.stdout

@@ -20,7 +20,7 @@ from reliability_helpers import (
     completions,
     duplicates,
     open_store_in_process,
-    run_cli,
+    run_cli_here,
     start_cli,
 )
 
@@ -100,17 +100,17 @@ def test_resume_takes_only_unclaimed_samples(db_url: str) -> None:
     batch_id = create_batch(BatchConfig.model_validate(bfcl_config("split", limit=6)), store)
     other = SampleLeases(store, batch_id, owner="otherhost:4242:live", ttl_s=3600)
     held = {s.id for s in other.claim(limit=3)}
-    done = run_cli(["resume", str(batch_id), "--no-progress"], db_url)
+    done = run_cli_here(["resume", str(batch_id), "--no-progress"], db_url)
     assert done.returncode == 0, done.stdout + done.stderr
     statuses = {s.id: s.status for s in store.samples(batch_id)}
     assert {sid for sid, st in statuses.items() if st == "completed"} == set(statuses) - held
     assert all(statuses[sid] == "pending" for sid in held)
     assert store.get_batch(batch_id).status == "running"  # the other process will finish it
-    busy = run_cli(["resume", str(batch_id), "--no-progress"], db_url)
+    busy = run_cli_here(["resume", str(batch_id), "--no-progress"], db_url)
     assert busy.returncode == 2 and "being run by another process" in busy.stderr, busy.stdout + busy.stderr
     assert "otherhost:4242:live" in busy.stderr
     other.release_all()
-    finished = run_cli(["resume", str(batch_id), "--no-progress"], db_url)
+    finished = run_cli_here(["resume", str(batch_id), "--no-progress"], db_url)
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert store.get_batch(batch_id).status == "completed"
     assert duplicates(store, batch_id) == {}
@@ -146,7 +146,7 @@ def test_two_resumes_killed_then_a_third_finishes(db_url: str, tmp_path) -> None
         p.wait()
     assert finished() < 12, "killed too late"
     before = completions(store, batch_id)
-    third = run_cli(["resume", str(batch_id), "--no-progress"], db_url)
+    third = run_cli_here(["resume", str(batch_id), "--no-progress"], db_url)
     assert third.returncode == 0, third.stdout + third.stderr
     after = completions(store, batch_id)
     assert duplicates(store, batch_id) == {}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from reliability_helpers import run_cli
+from reliability_helpers import run_cli_here
 from sqlalchemy import Engine, MetaData, create_engine, inspect, select, text
 
 from agentbatch.db import history, metrics_models, models  # noqa: F401  (every table in Base.metadata)
@@ -175,7 +175,7 @@ def test_stamp_off_the_chain_is_refused(tmp_path: Path, stamp: str) -> None:
     before = snapshot(engine)
     with pytest.raises(StoreUnavailable, match=stamp):
         Store(url)
-    proc = run_cli(["resume", "1", "--no-progress"], url)
+    proc = run_cli_here(["resume", "1", "--no-progress"], url)
     assert proc.returncode == 2 and stamp in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert snapshot(engine) == before
     engine.dispose()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from reliability_helpers import bfcl_config, run_cli
+from reliability_helpers import bfcl_config, run_cli_here
 from sqlalchemy import text
 
 from agentbatch.db.engine import StoreUnavailable
@@ -56,11 +56,11 @@ def test_read_only_open_on_postgresql(pg_url: str) -> None:
 def test_resume_of_a_finished_batch_changes_nothing(sqlite_url: str) -> None:
     store = Store(sqlite_url)
     batch_id = create_batch(BatchConfig.model_validate(bfcl_config("finished", limit=2)), store)
-    first = run_cli(["resume", str(batch_id), "--no-progress"], sqlite_url)
+    first = run_cli_here(["resume", str(batch_id), "--no-progress"], sqlite_url)
     assert first.returncode == 0, first.stdout + first.stderr
     done = store.get_batch(batch_id)
     assert done.status == "completed" and done.finished_at and done.flow_run_id
-    again = run_cli(["resume", str(batch_id), "--no-progress"], sqlite_url)
+    again = run_cli_here(["resume", str(batch_id), "--no-progress"], sqlite_url)
     assert again.returncode == 0, again.stdout + again.stderr
     after = store.get_batch(batch_id)
     assert (after.status, after.finished_at, after.flow_run_id) == ("completed", done.finished_at, done.flow_run_id)
