@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Executable, func, select, true, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from agentbatch.db.engine import check_readable, make_engine, migrate, resolve_url
@@ -232,11 +233,19 @@ class Store:
         settings: dict[str, Any] | None = None,
         metrics: dict[str, Any] | None = None,
     ) -> None:
-        with self.session() as s, s.begin():
-            worker = s.scalar(select(Worker).where(Worker.batch_id == batch_id, Worker.name == name))
-            if worker is None:
-                worker = Worker(batch_id=batch_id, name=name, kind=kind)
-                s.add(worker)
-            worker.endpoint = redact_text(endpoint) if endpoint is not None else worker.endpoint
-            worker.settings = redact_value(settings) if settings is not None else worker.settings
-            worker.metrics = redact_value(metrics) if metrics is not None else worker.metrics
+        for attempt in range(2):
+            try:
+                with self.session() as s, s.begin():
+                    worker = s.scalar(select(Worker).where(Worker.batch_id == batch_id, Worker.name == name))
+                    if worker is None:
+                        worker = Worker(batch_id=batch_id, name=name, kind=kind)
+                        s.add(worker)
+                    worker.endpoint = redact_text(endpoint) if endpoint is not None else worker.endpoint
+                    worker.settings = redact_value(settings) if settings is not None else worker.settings
+                    worker.metrics = redact_value(metrics) if metrics is not None else worker.metrics
+                return
+            except IntegrityError:
+                # Another process (a second `join` of the batch) inserted the row between our read and
+                # our insert: it exists now, so the second attempt updates it.
+                if attempt:
+                    raise

@@ -97,3 +97,34 @@ def test_workers(store: Store) -> None:
 
         [w] = s.query(Worker).all()
         assert (w.endpoint, w.settings, w.metrics) == ("http://x", {"max_num_seqs": 8}, {"hits": 3})
+
+
+def test_workers_registering_the_same_name_at_once_make_one_row(store: Store) -> None:
+    """Two `join` processes of one batch register the same engine worker at the same moment: neither
+    fails on the other's insert (the row is read, found missing, then inserted by both)."""
+    import threading
+
+    from agentbatch.db.models import Worker
+
+    bid, _ = new_batch(store)
+    threads_n, rounds = 4, 12
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads_n)
+
+    def register(i: int) -> None:
+        for r in range(rounds):
+            barrier.wait()
+            try:
+                store.upsert_worker(bid, f"w{r}", "engine", metrics={"by": i})
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=register, args=(i,)) for i in range(threads_n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with store.session() as s:
+        names = sorted(w.name for w in s.query(Worker).filter_by(batch_id=bid))
+    assert names == sorted(f"w{r}" for r in range(rounds))
