@@ -17,10 +17,8 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -33,6 +31,9 @@ from agentbatch.db.revisions import (
     restamp,
     stamp_of,
 )
+
+if TYPE_CHECKING:  # Alembic is imported only when a store must be migrated
+    from alembic.config import Config
 
 log = logging.getLogger("agentbatch.db")
 DEFAULT_SQLITE_NAME = "agentbatch.sqlite"
@@ -160,6 +161,8 @@ def _upgrade(conn: Connection, cfg: Config) -> None:
     path = sqlite_path(conn.engine.url.render_as_string(hide_password=False))
     backup = backup_sqlite(path, current) if path is not None and current is not None else None
     cfg.attributes["connection"] = conn
+    from alembic import command
+
     command.upgrade(cfg, "head")
     if conn.dialect.name == "sqlite" and (broken := conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()):
         raise RuntimeError(f"migrating the store left rows pointing at missing rows {broken[:5]}; nothing was changed")

@@ -11,11 +11,12 @@ from __future__ import annotations
 import sqlite3
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
+
+if TYPE_CHECKING:  # Alembic is imported only where a store is migrated: every command opens a store
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -38,6 +39,8 @@ class StampError(Exception):
 
 
 def alembic_config(url: str) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -46,9 +49,9 @@ def alembic_config(url: str) -> Config:
 
 @cache
 def chain() -> tuple[str, ...]:
-    """Every revision, oldest first."""
-    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    return tuple(reversed([s.revision for s in script.walk_revisions()]))
+    """Every revision, oldest first: each migration file is named after its revision, numbered in
+    order (tests/reliability/test_reliability_migrations.py checks this against Alembic's own walk)."""
+    return tuple(sorted(p.stem for p in (MIGRATIONS_DIR / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")))
 
 
 def head() -> str:
@@ -57,7 +60,9 @@ def head() -> str:
 
 def stamp_of(conn: Connection) -> set[str]:
     """The rows of `alembic_version` (empty: no agentbatch schema)."""
-    return set(MigrationContext.configure(conn).get_current_heads())
+    if not inspect(conn).has_table("alembic_version"):
+        return set()
+    return {row[0] for row in conn.execute(text("SELECT version_num FROM alembic_version"))}
 
 
 def chain_revision(stamp: set[str]) -> str | None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -179,3 +181,27 @@ def test_stamp_off_the_chain_is_refused(tmp_path: Path, stamp: str) -> None:
     assert proc.returncode == 2 and stamp in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert snapshot(engine) == before
     engine.dispose()
+
+
+def test_the_chain_read_from_file_names_is_alembics_own() -> None:
+    """`chain()` reads the revisions from the migration files' names (no Alembic import when a store
+    is opened): the same revisions, in the same order, as Alembic's walk of the scripts."""
+    from alembic.script import ScriptDirectory
+
+    from agentbatch.db.revisions import alembic_config, chain
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    assert chain() == tuple(reversed([s.revision for s in script.walk_revisions()]))
+    assert len(chain()) >= 8 and chain()[0] == "0001_initial"
+
+
+def test_opening_a_current_store_does_not_import_alembic(tmp_path: Path) -> None:
+    """The common case, a store already at the newest schema, is checked with one query."""
+    url = f"sqlite:///{tmp_path / 'current.sqlite'}"
+    Store(url).close()
+    code = ("import sys; from agentbatch.db.store import Store; "
+            f"Store({url!r}).close(); Store({url!r}, read_only=True).close(); "
+            "print('alembic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
