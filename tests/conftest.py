@@ -132,7 +132,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config.stash.get(_OWNS_SHARED_DIR, False):
         shared = Path(os.environ.pop(_SHARED_DIR_ENV))
-        _stop_servers(shared)
+        _stop_shared_server(shared)
         shutil.rmtree(shared, ignore_errors=True)
 
 
@@ -159,20 +159,19 @@ def _start_server(home: Path) -> dict[str, object]:
 def _shared_server(shared: Path) -> str:
     """The run's one Prefect server: the first worker to need it starts it (under a file lock, so
     exactly one does), the others wait on the lock and reuse it."""
-    info_file = shared / "prefect-server.json"
+    info_file, home = shared / "prefect-server.json", shared / "prefect-server-home"
     with open(shared / "prefect-server.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not info_file.exists():
-            home = shared / "prefect-server-home"
             home.mkdir(exist_ok=True)
             info_file.write_text(json.dumps(_start_server(home)))
     url = str(json.loads(info_file.read_text())["url"])
     if not answers(f"{url}/health"):
-        raise RuntimeError(f"the tests' Prefect server at {url} is down; see {shared / 'prefect-server-home'}/server.log")
+        raise RuntimeError(f"the tests' Prefect server at {url} is down; see {home / 'server.log'}")
     return url
 
 
-def _stop_servers(shared: Path) -> None:
+def _stop_shared_server(shared: Path) -> None:
     info_file = shared / "prefect-server.json"
     if info_file.exists():
         _stop_server(json.loads(info_file.read_text())["pid"])

@@ -19,6 +19,7 @@ from agentbatch.flows.commands._common import fail
 
 # Commands registered by a module not named after them; every other command `x-y` lives in `x_y.py`.
 COMMAND_MODULES = {"create": "run"}
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # also what tests capture in-process
 
 
 def command_module(argv: list[str]) -> str | None:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=LOG_FORMAT,
     )
     if not args.verbose:  # per-request chatter of libraries
         for name in ("httpx", "alembic", "docker", "urllib3"):

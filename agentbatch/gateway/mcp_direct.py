@@ -46,7 +46,7 @@ class DirectCaller:
     @classmethod
     def of(cls, conn: McpConnection, session: aiohttp.ClientSession) -> DirectCaller | None:
         """A direct caller for `conn`'s upstream, or None where the SDK must carry the calls."""
-        client = getattr(conn, "client", None)
+        client = conn.client
         if not conn.spec.url or client is None or not conn.alive:
             return None
         try:

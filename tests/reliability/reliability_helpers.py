@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
 from testkit import CLI
@@ -42,26 +43,22 @@ def run_cli_here(args: list[str], db_url: str) -> subprocess.CompletedProcess[st
     it, nothing runs beside it): what `run_cli` returns, without ~3 s of CPU to start a process.
     Output goes to files (children it starts, such as stdio MCP servers, write to their descriptors);
     its log lines go to the captured stderr, as the CLI's own logging setup would send them."""
-    from agentbatch.flows.cli import main
+    from agentbatch.flows.cli import LOG_FORMAT, main
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         handler = logging.StreamHandler(err)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
         root = logging.getLogger()
-        old_level, old_url = root.level, os.environ.get("AGENTBATCH_DB_URL")
+        old_level = root.level
         root.addHandler(handler)
         root.setLevel(logging.INFO)
-        os.environ["AGENTBATCH_DB_URL"] = db_url
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with mock.patch.dict(os.environ, {"AGENTBATCH_DB_URL": db_url}), \
+                    contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 code = main(list(args))
         finally:
             root.removeHandler(handler)
             root.setLevel(old_level)
-            if old_url is None:
-                os.environ.pop("AGENTBATCH_DB_URL", None)
-            else:
-                os.environ["AGENTBATCH_DB_URL"] = old_url
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(args, code, out.read(), err.read())
