@@ -5,13 +5,14 @@ in-process by `flows/batch.py:run_batch` with every sample admitted at once (`ma
 against the replay engine's timing model (no server: the cost measured is agentbatch's own) and the
 recorded environment at time scale 0. While it runs, `agentbatch status BATCH` is run as users run it
 (a new process) every few seconds; its wall time is printed beside the time the status query itself
-took in this process (the process start, Python and imports, is the rest).
+took in this process (the process start, Python and imports, is the rest). Once the batch has
+finished, `status` is run a few more times on the idle store.
 
 Printed: the run's wall and CPU time, its peak resident memory (ru_maxrss) beside the memory before
 the batch started, the status answers, and a last line
-`N samples at once: peak RSS X GB (+Y GB for the batch); status Z s (query Q s)`.
+`N samples at once: peak RSS X GB (+Y GB for the batch); status Z s (query Q s), idle I s`.
 
-    .venv/bin/python bench/many_samples.py [--samples 10000] [--steps 4] [--mode lean]
+    .venv/bin/python bench/many_samples.py [--samples 10000] [--steps 4] [--mode lean] [--keep-db PATH]
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def rss_gb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024**3
 
 
+def status_wall(db: str, batch_id: int) -> float | None:
+    """Seconds `agentbatch status BATCH` takes in a new process, as users run it; None when it failed."""
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "status", str(batch_id), "--db", db],
+                          capture_output=True, text=True, timeout=120)
+    return time.perf_counter() - t if done.returncode == 0 else None
+
+
 class StatusProbe:
     """Runs `agentbatch status` in a new process every `every_s` while the batch runs."""
 
@@ -95,11 +104,8 @@ class StatusProbe:
             store.status_counts(batches[0].id)
             store.samples(batches[0].id)
             self.queries.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "status", str(batches[0].id),
-                                   "--db", self.db], capture_output=True, text=True, timeout=120)
-            if done.returncode == 0:
-                self.walls.append(time.perf_counter() - t)
+            if (wall := status_wall(self.db, batches[0].id)) is not None:
+                self.walls.append(wall)
         store.close()
 
 
@@ -109,6 +115,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4, help="steps per sample (recorded chains cut to this)")
     parser.add_argument("--mode", default="lean", choices=["lean", "steps", "chains"], help="execution mode")
     parser.add_argument("--status-every-s", type=float, default=3.0, help="seconds between `status` calls")
+    parser.add_argument("--idle-calls", type=int, default=3, help="`status` calls once the batch has finished")
+    parser.add_argument("--keep-db", type=Path, default=None, metavar="PATH",
+                        help="write the store to this SQLite file (kept) instead of a temporary one")
     args = parser.parse_args()
 
     from agentbatch.db.store import Store
@@ -116,7 +125,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="agentbatch-many-") as tmp:
         trace = short_trace(args.samples, args.steps, Path(tmp) / "trace.parquet")
-        db = f"sqlite:///{Path(tmp) / 'many.sqlite'}"
+        db = f"sqlite:///{args.keep_db or Path(tmp) / 'many.sqlite'}"
         store = Store(db)
         before = rss_gb()
         probe = StatusProbe(db, args.status_every_s)
@@ -126,6 +135,7 @@ def main() -> int:
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         wall = time.perf_counter() - wall
         probe.stop()
+        idle = [w for _ in range(args.idle_calls) if (w := status_wall(db, batch_id)) is not None]
         counts = store.status_counts(batch_id)
         steps = len(store.steps(batch_id))
         store.close()
@@ -140,8 +150,11 @@ def main() -> int:
     print(f"  `agentbatch status` while it ran: {len(probe.walls)} calls, wall median {statistics.median(walls):.2f} s "
           f"max {max(walls):.2f} s; the store query median {statistics.median(queries):.3f} s "
           f"max {max(queries):.3f} s")
+    idle = idle or [float("nan")]
+    print(f"  `agentbatch status` once it finished: {args.idle_calls} calls, wall median {statistics.median(idle):.2f} s")
     print(f"{args.samples} samples at once: peak RSS {peak:.2f} GB (+{peak - before:.2f} GB for the batch); "
-          f"status {statistics.median(walls):.2f} s (query {statistics.median(queries):.3f} s)")
+          f"status {statistics.median(walls):.2f} s (query {statistics.median(queries):.3f} s), "
+          f"idle {statistics.median(idle):.2f} s")
     return 0
 
 

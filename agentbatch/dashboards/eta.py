@@ -7,21 +7,33 @@ the sample's steps so far + 1, a lower bound).
 remaining time = max(remaining steps / the batch's step rate so far,
                      longest remaining chain x mean seconds per step of one sample),
 the first term for throughput, the second because one chain's steps cannot overlap.
+
+Every figure comes from SQL aggregates (`Store.sample_progress`, `step_counts`, ...), never from
+one row per sample or step, and nothing here imports pandas: `agentbatch status` answers in well
+under a second on a batch of 10,000 samples.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
-import pandas as pd
+from sqlalchemy import make_url
 
-from agentbatch.dashboards.analytics import DONE_STATES
-from agentbatch.dashboards.frames import BatchData, history_steps_per_task, load_batch
 from agentbatch.db.leases import dead_drivers
-from agentbatch.db.store import Store
+from agentbatch.db.models import SampleStatus, StepStatus
+from agentbatch.db.store import SampleProgress, Store
+
+DONE_STATES = (SampleStatus.COMPLETED, SampleStatus.FAILED)
+
+
+class UnknownBatch(LookupError):
+    """No batch with this id in the store."""
+
+    def __init__(self, batch_id: int, url: str = "") -> None:
+        where = f" in {url}" if url else ""
+        super().__init__(f"no batch with id {batch_id}{where}")
+        self.batch_id = batch_id
 
 
 @dataclass
@@ -85,47 +97,51 @@ def crashed(status: str, heartbeat_at: float | None, now: float) -> bool:
     return status == "running" and heartbeat_at is not None and now - heartbeat_at > STALE_AFTER_S
 
 
-def _elapsed(sm: pd.DataFrame, now: float, finished: bool) -> float:
-    t0 = sm["admitted_at"].min()
-    if pd.isna(t0):
+def _elapsed(progress: SampleProgress, now: float, finished: bool) -> float:
+    t0 = progress.first_admitted_at
+    if t0 is None:
         return 0.0
-    if finished and len(sm):
-        last = float(sm["finished_at"].max()) if sm["finished_at"].notna().any() else now
-        return last - float(t0)
-    return max(0.0, now - float(t0))
+    if finished and progress.total:
+        last = progress.last_finished_at
+        return (now if last is None else last) - t0
+    return max(0.0, now - t0)
 
 
-def _expected_remaining(store: Store, data: BatchData, eta: Eta) -> pd.Series:
-    """Steps left per unfinished sample (at least 1), and where the chain lengths came from (eta.basis)."""
-    sm = data.samples
-    left = sm[~sm["status"].isin(DONE_STATES)]
-    hist = history_steps_per_task(store, [str(t) for t in left["task_id"]], data.batch_id)
-    eta.tasks_with_history = int(left["task_id"].isin(hist.index).sum())
-    completed = sm[sm["status"] == "completed"]
-    batch_mean = float(completed["steps_done"].mean()) if len(completed) else math.nan
-    expected = left["task_id"].map(hist).astype("float64")
-    from_batch = expected.isna()
-    expected = expected.fillna(batch_mean)
-    unknown = expected.isna()
-    expected = expected.where(~unknown, left["steps_done"] + 1)  # lower bound when nothing is known
+@dataclass(slots=True)
+class Remaining:
+    """Steps left over the unfinished samples: in all, and of the longest chain."""
+
+    steps: float = 0.0
+    longest: float = 0.0
+
+
+def _expected_remaining(store: Store, batch_id: int, progress: SampleProgress, eta: Eta) -> Remaining:
+    """Steps left per unfinished sample (at least 1), summed, and where the chain lengths came from (eta.basis)."""
+    hist = store.prior_chain_lengths_of_unfinished(batch_id)
+    batch_mean = progress.completed_mean_steps
+    out = Remaining()
+    from_batch = unknown = 0
+    for task_id, steps_done, n in store.unfinished_chains(batch_id):
+        done = float(steps_done or 0)
+        expected = hist.get(task_id)
+        if expected is not None:
+            eta.tasks_with_history += n
+        elif batch_mean is not None:
+            expected, from_batch = batch_mean, from_batch + n
+        else:
+            expected, unknown = done + 1, unknown + n  # a lower bound when nothing is known
+        left = max(expected - done, 1.0)
+        out.steps += left * n
+        out.longest = max(out.longest, left)
     sources = []
     if eta.tasks_with_history:
         sources.append(f"earlier batches ({eta.tasks_with_history} samples)")
-    if (from_batch & ~unknown).any():
-        sources.append(f"this batch's {len(completed)} completed samples")
-    if unknown.any():
-        sources.append(f"a lower bound for {int(unknown.sum())} samples (no finished chain seen)")
+    if from_batch:
+        sources.append(f"this batch's {progress.counts.get(SampleStatus.COMPLETED, 0)} completed samples")
+    if unknown:
+        sources.append(f"a lower bound for {unknown} samples (no finished chain seen)")
     eta.basis = "; ".join(sources)
-    return np.maximum(expected - left["steps_done"], 1.0)
-
-
-def _chain_step_s(sm: pd.DataFrame, completed_steps: pd.DataFrame) -> float | None:
-    """Seconds per step along one chain: each sample's time to its last completed step / its steps."""
-    last_fin = completed_steps.groupby("sample_id")["finished_at"].max()
-    per = sm.set_index("id").join(last_fin.rename("last_fin"), how="inner")
-    per = per[per["steps_done"] > 0]
-    per_step = ((per["last_fin"] - per["admitted_at"]) / per["steps_done"]).clip(lower=0)
-    return float(per_step.mean()) if len(per_step) else None
+    return out
 
 
 def _cut_short(eta: Eta) -> None:
@@ -137,41 +153,47 @@ def _cut_short(eta: Eta) -> None:
                          "a tool call among them may have taken effect (check the tool's state before repeating it)")
 
 
+def _crash_notes(eta: Eta, batch_id: int, dead: list[str]) -> None:
+    eta.status = "crashed"
+    eta.basis = "no ETA: the process running the batch stopped"
+    why = (f"the process running the batch ({', '.join(dead)}) no longer exists on this host" if dead
+           else f"no heartbeat for {_dur(eta.heartbeat_age_s or 0.0)}: the process running the batch is gone")
+    eta.notes.append(f"{why}; continue with: agentbatch resume {batch_id}")
+    _cut_short(eta)
+
+
 def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
-    """Progress and ETA of a batch; raises frames.UnknownBatch for an unknown id."""
-    data = load_batch(store, batch_id)
+    """Progress and ETA of a batch; raises UnknownBatch for an unknown id."""
+    batch = store.get_batch(batch_id)
+    if batch is None:
+        raise UnknownBatch(batch_id, make_url(store.url).render_as_string(hide_password=True))  # as given
     now = time.time() if now is None else now
-    sm, st = data.samples, data.steps
-    done_mask = sm["status"].isin(DONE_STATES)
-    completed_steps = st[st["status"] == "completed"]
-    eta = Eta(batch_id=data.batch_id, name=data.name, status=data.status, total=len(sm), done=int(done_mask.sum()),
-              counts={str(k): int(v) for k, v in sm["status"].value_counts().items()},
-              steps_done=len(completed_steps),
-              steps_retried=int(st["status"].isin(["failed", "abandoned"]).sum()),
-              steps_running=int((st["status"] == "running").sum()),
-              elapsed_s=_elapsed(sm, now, bool(done_mask.all())), remaining_steps=None,
+    progress = store.sample_progress(batch_id)
+    steps = store.step_counts(batch_id)
+    done = sum(progress.counts.get(s, 0) for s in DONE_STATES)
+    finished = done == progress.total
+    eta = Eta(batch_id=batch.id, name=batch.name, status=batch.status, total=progress.total, done=done,
+              counts=dict(progress.counts), steps_done=steps.get(StepStatus.COMPLETED, 0),
+              steps_retried=steps.get(StepStatus.FAILED, 0) + steps.get(StepStatus.ABANDONED, 0),
+              steps_running=steps.get(StepStatus.RUNNING, 0),
+              elapsed_s=_elapsed(progress, now, finished), remaining_steps=None,
               step_rate=None, step_s_per_sample=None, remaining_s=None, basis="nothing yet",
-              heartbeat_age_s=None if data.heartbeat_at is None else now - data.heartbeat_at)
-    if done_mask.all():
+              heartbeat_age_s=None if batch.heartbeat_at is None else now - batch.heartbeat_at)
+    if finished:
         eta.remaining_steps, eta.remaining_s, eta.basis = 0.0, 0.0, "finished"
         return eta
-    dead = dead_drivers(store, batch_id, now) if data.status == "running" else []
-    if dead or crashed(data.status, data.heartbeat_at, now):
-        eta.status = "crashed"
-        eta.basis = "no ETA: the process running the batch stopped"
-        why = (f"the process running the batch ({', '.join(dead)}) no longer exists on this host" if dead
-               else f"no heartbeat for {_dur(eta.heartbeat_age_s or 0.0)}: the process running the batch is gone")
-        eta.notes.append(f"{why}; continue with: agentbatch resume {batch_id}")
-        _cut_short(eta)
+    dead = dead_drivers(store, batch_id, now) if batch.status == "running" else []
+    if dead or crashed(batch.status, batch.heartbeat_at, now):
+        _crash_notes(eta, batch_id, dead)
         return eta
-    remaining = _expected_remaining(store, data, eta)
-    eta.remaining_steps = float(remaining.sum())
+    remaining = _expected_remaining(store, batch_id, progress, eta)
+    eta.remaining_steps = remaining.steps
     if eta.steps_done == 0 or eta.elapsed_s <= 0:
         eta.notes.append("no completed step yet: no rate to extrapolate")
         return eta
     eta.step_rate = eta.steps_done / eta.elapsed_s
-    eta.step_s_per_sample = _chain_step_s(sm, completed_steps)
+    eta.step_s_per_sample = store.chain_step_s(batch_id)
     throughput_s = eta.remaining_steps / eta.step_rate
-    chain_s = float(remaining.max()) * (eta.step_s_per_sample or 0.0)
+    chain_s = remaining.longest * (eta.step_s_per_sample or 0.0)
     eta.remaining_s = max(throughput_s, chain_s)
     return eta

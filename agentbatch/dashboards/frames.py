@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 from sqlalchemy import make_url, select
 
+from agentbatch.dashboards.eta import UnknownBatch as UnknownBatch  # its home: no pandas, for `status`
 from agentbatch.db.models import Sample, Step, Worker
 from agentbatch.db.store import Store
 
@@ -24,15 +25,6 @@ STEP_COLUMNS = ("id", "sample_id", "index", "kind", "status", "attempt", "enqueu
 _FLOAT_STEP_COLUMNS = ("enqueued_at", "started_at", "finished_at", "prefill_s", "decode_s", "engine_queue_s")
 _NUMERIC_STEP_COLUMNS = ("prompt_tokens", "cached_prompt_tokens", "recomputed_tokens", "output_tokens",
                          "tool_calls")
-
-
-class UnknownBatch(LookupError):
-    """No batch with this id in the store."""
-
-    def __init__(self, batch_id: int, url: str = "") -> None:
-        where = f" in {url}" if url else ""
-        super().__init__(f"no batch with id {batch_id}{where}")
-        self.batch_id = batch_id
 
 
 @dataclass
@@ -122,16 +114,3 @@ def load_batch(store: Store, batch_id: int) -> BatchData:
         workers=workers,
         heartbeat_at=getattr(batch, "heartbeat_at", None),
     )
-
-
-def history_steps_per_task(store: Store, task_ids: list[str], exclude_batch: int) -> pd.Series:
-    """Mean completed chain length (steps) per task id over other batches' completed samples."""
-    if not task_ids:
-        return pd.Series(dtype="float64")
-    stmt = (select(Sample.task_id, Sample.steps_done)
-            .where(Sample.batch_id != exclude_batch, Sample.status == "completed",
-                   Sample.task_id.in_(sorted(set(task_ids)))))
-    df = _read(store, stmt)
-    if df.empty:
-        return pd.Series(dtype="float64")
-    return df.groupby("task_id")["steps_done"].mean().astype("float64")

@@ -3,9 +3,12 @@ for the terminal: `status`, the report's summary and `--compare`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentbatch.db.store import GroupTally
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,11 @@ def group_scores(samples: Iterable[Any]) -> dict[str, GroupScore]:
         scored = [x for x in scores if x is not None]
         out[group] = GroupScore(group, len(scores), len(scored), sum(scored) / len(scored) if scored else None)
     return out
+
+
+def tallied_group_scores(tallies: Mapping[str, GroupTally]) -> dict[str, GroupScore]:
+    """`group_scores` from the store's per-group aggregates (`Store.group_tallies`), in group order."""
+    return {g: GroupScore(g, t.samples, t.scored, t.mean if t.scored else None) for g, t in sorted(tallies.items())}
 
 
 def group_line(scores: dict[str, GroupScore], label: str = "  by group      ") -> str | None:

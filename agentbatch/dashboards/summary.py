@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentbatch.dashboards.analytics import BatchAnalysis, CriticalSample
+from agentbatch.dashboards.checks import stopped_in_flight
 from agentbatch.dashboards.choice import choice_json, choice_line, stored_choice
 from agentbatch.dashboards.frames import load_batch
 from agentbatch.dashboards.groups import GroupScore, group_line, group_scores
 from agentbatch.db.history import priors_used
 from agentbatch.db.store import Store
-from agentbatch.protocols.environment import IN_FLIGHT_STOPPED
 from agentbatch.scheduling.lower_bound import LowerBound
 
 
@@ -165,12 +164,6 @@ def summary_from_analysis(a: BatchAnalysis) -> BatchSummary:
         policy_choice=stored_choice(a.data.config),
         stopped_in_flight=stopped_in_flight(a.samples.itertuples()),
     )
-
-
-def stopped_in_flight(samples: Iterable[Any]) -> list[dict[str, Any]]:
-    """The samples stopped on a step that may have executed, each with what to check."""
-    return [{"sample": int(s.id), "task": str(s.task_id), "check": s.error.removeprefix(IN_FLIGHT_STOPPED)}
-            for s in samples if isinstance(s.error, str) and s.error.startswith(IN_FLIGHT_STOPPED)]
 
 
 def summarize(store: Store, batch_id: int) -> BatchSummary:

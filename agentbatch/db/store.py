@@ -10,11 +10,11 @@ status) and marks the attempts a dead process left `running` as abandoned.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, func, select, true, update
+from sqlalchemy import CursorResult, Executable, Row, case, func, literal, select, true, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -44,6 +44,30 @@ class StepHistory:
     completed: list[Step] = field(default_factory=list)
     attempts: dict[int, int] = field(default_factory=dict)  # step index -> highest attempt recorded
     latest: dict[int, Step] = field(default_factory=dict)  # step index -> its latest attempt
+
+
+@dataclass(slots=True)
+class SampleProgress:
+    """A batch's samples in aggregate (`sample_progress`): what `status` shows without reading each row."""
+
+    counts: dict[str, int] = field(default_factory=dict)  # samples per status
+    first_admitted_at: float | None = None
+    last_finished_at: float | None = None
+    completed_mean_steps: float | None = None  # mean steps_done of the completed samples
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True, slots=True)
+class GroupTally:
+    samples: int
+    scored: int  # samples with a score (NaN is no score)
+    mean: float | None  # of the scored ones
+
+
+UNFINISHED_SAMPLES = (SampleStatus.PENDING, SampleStatus.RUNNING)
 
 
 class Store:
@@ -180,6 +204,77 @@ class Store:
         with self.session() as s:
             return {status: n for status, n in s.execute(q)}
 
+    # --- aggregates for `status`: one query each, whatever the batch's size ---------------------
+    def sample_progress(self, batch_id: int) -> SampleProgress:
+        q = (select(Sample.status, func.count(), func.min(Sample.admitted_at), func.max(Sample.finished_at),
+                    func.avg(Sample.steps_done))
+             .where(Sample.batch_id == batch_id).group_by(Sample.status))
+        out = SampleProgress()
+        with self.session() as s:
+            for status, n, first, last, mean_steps in s.execute(q):
+                out.counts[status] = n
+                out.first_admitted_at = _extreme(min, out.first_admitted_at, first)
+                out.last_finished_at = _extreme(max, out.last_finished_at, last)
+                if status == SampleStatus.COMPLETED and mean_steps is not None:
+                    out.completed_mean_steps = float(mean_steps)
+        return out
+
+    def step_counts(self, batch_id: int) -> dict[str, int]:
+        """Step attempts per status (an index-only scan of ix_steps_batch_status)."""
+        q = select(Step.status, func.count()).where(Step.batch_id == batch_id).group_by(Step.status)
+        with self.session() as s:
+            return {status: n for status, n in s.execute(q)}
+
+    def unfinished_chains(self, batch_id: int) -> list[tuple[str, int, int]]:
+        """(task_id, steps_done, how many samples) over the batch's unfinished samples."""
+        q = (select(Sample.task_id, Sample.steps_done, func.count())
+             .where(Sample.batch_id == batch_id, Sample.status.in_(UNFINISHED_SAMPLES))
+             .group_by(Sample.task_id, Sample.steps_done))
+        with self.session() as s:
+            return [(task_id, steps_done, n) for task_id, steps_done, n in s.execute(q)]
+
+    def prior_chain_lengths_of_unfinished(self, batch_id: int) -> dict[str, float]:
+        """`prior_chain_lengths` of the task ids of the batch's unfinished samples, in one query (the ids
+        stay in the database: no IN list to chunk)."""
+        unfinished = (select(Sample.task_id)
+                      .where(Sample.batch_id == batch_id, Sample.status.in_(UNFINISHED_SAMPLES)).scalar_subquery())
+        q = (select(Sample.task_id, func.avg(Sample.steps_done))
+             .where(Sample.task_id.in_(unfinished), Sample.batch_id != batch_id,
+                    Sample.status == SampleStatus.COMPLETED)
+             .group_by(Sample.task_id))
+        with self.session() as s:
+            return {task_id: float(avg) for task_id, avg in s.execute(q)}
+
+    def chain_step_s(self, batch_id: int) -> float | None:
+        """Mean seconds per step along one chain: over the samples with completed steps, (their last
+        completed step's end - admission) / steps done, at least 0."""
+        last = (select(Step.sample_id, func.max(Step.finished_at).label("last_fin"))
+                .where(Step.batch_id == batch_id, Step.status == StepStatus.COMPLETED)
+                .group_by(Step.sample_id).subquery())
+        per_step = (last.c.last_fin - Sample.admitted_at) / Sample.steps_done
+        q = (select(func.avg(case((per_step < 0, 0.0), else_=per_step)))
+             .join(last, last.c.sample_id == Sample.id).where(Sample.steps_done > 0))
+        with self.session() as s:
+            value = s.scalar(q)
+        return None if value is None else float(value)
+
+    def group_tallies(self, batch_id: int) -> dict[str, GroupTally]:
+        """Per task group (samples without one left out): samples, scored samples, mean score."""
+        score = func.nullif(Sample.score, literal(float("nan")))  # PostgreSQL keeps NaN; SQLite stores NULL
+        q = (select(Sample.task_group, func.count(), func.count(score), func.avg(score))
+             .where(Sample.batch_id == batch_id, Sample.task_group.is_not(None)).group_by(Sample.task_group))
+        with self.session() as s:
+            return {str(g): GroupTally(n, scored, None if mean is None else float(mean))
+                    for g, n, scored, mean in s.execute(q)}
+
+    def samples_with_error_prefix(self, batch_id: int, prefix: str) -> list[Row[tuple[int, str, str]]]:
+        """(id, task_id, error) of the batch's samples whose error starts with `prefix`, by index."""
+        q = (select(Sample.id, Sample.task_id, Sample.error)
+             .where(Sample.batch_id == batch_id, Sample.error.startswith(prefix, autoescape=True))
+             .order_by(Sample.index))
+        with self.session() as s:
+            return list(s.execute(q))
+
     # --- steps ---------------------------------------------------------------------------------
     def completed_steps(self, sample_id: int) -> list[Step]:
         q = (
@@ -249,3 +344,9 @@ class Store:
                 # our insert: it exists now, so the second attempt updates it.
                 if attempt:
                     raise
+
+
+def _extreme(pick: Callable[[list[float]], float], *values: float | None) -> float | None:
+    """`pick` (min or max) of the values given (None when none is)."""
+    present = [float(x) for x in values if x is not None]
+    return pick(present) if present else None

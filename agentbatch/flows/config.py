@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from agentbatch.flows.stored_plugins import plugins_line as plugins_line  # its home, light for `status`
 from agentbatch.protocols import strict_yaml
 from agentbatch.protocols.plugins import Plugin, PluginError, resolve
 from agentbatch.protocols.retry import RetryPolicy
@@ -343,25 +344,6 @@ def load_config(path: str | Path) -> BatchConfig:
     """Read and validate a batch config file (see `validate_config`)."""
     path = Path(path)
     return validate_config(read_config_data(path), source=str(path))
-
-
-def plugins_line(stored: Mapping[str, Any]) -> str:
-    """What a stored config's kinds resolve to here, for `status` and `report`; never raises: a kind
-    that no longer resolves (its package uninstalled) is shown as such — `resume` would refuse it."""
-    from agentbatch.engines.registry import engine_plugin
-    from agentbatch.environments.registry import workload_plugin
-
-    parts = []
-    for what, load in (("workload", workload_plugin), ("engine", engine_plugin)):
-        kind = (stored.get(what) or {}).get("kind") if isinstance(stored.get(what), Mapping) else None
-        if not isinstance(kind, str):
-            continue
-        try:
-            target = load(kind).target
-        except PluginError as exc:
-            target = f"NOT RESOLVABLE here ({exc})"
-        parts.append(f"{what} {kind}" + ("" if target == kind else f" -> {target}"))
-    return "  plugins       " + "; ".join(parts)
 
 
 def check_task_names(tasks: list[Any]) -> None:
