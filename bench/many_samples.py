@@ -4,13 +4,13 @@ A recorded `mcp_like` batch of N samples (chains cut to a few steps to keep the 
 in-process by `flows/batch.py:run_batch` with every sample admitted at once (`max_active_samples` = N)
 against the replay engine's timing model (no server: the cost measured is agentbatch's own) and the
 recorded environment at time scale 0. While it runs, `agentbatch status BATCH` is run as users run it
-(a new process) every few seconds; its wall time is printed beside the time the status query itself
-took in this process (the process start, Python and imports, is the rest). Once the batch has
-finished, `status` is run a few more times on the idle store.
+(a new process) every few seconds; its wall and CPU time are printed beside the time its queries
+(`estimate_eta`) take in this process (the process start, Python and imports, are the rest). Once
+the batch has finished, `status` is run a few more times on the idle store.
 
 Printed: the run's wall and CPU time, its peak resident memory (ru_maxrss) beside the memory before
 the batch started, the status answers, and a last line
-`N samples at once: peak RSS X GB (+Y GB for the batch); status Z s (query Q s), idle I s`.
+`N samples at once: peak RSS X GB (+Y GB for the batch); status Z s (CPU C s), idle I s (CPU D s)`.
 
     .venv/bin/python bench/many_samples.py [--samples 10000] [--steps 4] [--mode lean] [--keep-db PATH]
 """
@@ -67,12 +67,15 @@ def rss_gb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024**3
 
 
-def status_wall(db: str, batch_id: int) -> float | None:
-    """Seconds `agentbatch status BATCH` takes in a new process, as users run it; None when it failed."""
-    t = time.perf_counter()
+def status_time(db: str, batch_id: int) -> tuple[float, float] | None:
+    """Wall and CPU seconds of `agentbatch status BATCH` in a new process, as users run it; None when
+    it failed. The CPU is read from this process's children (it starts no other while it runs)."""
+    t, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "status", str(batch_id), "--db", db],
                           capture_output=True, text=True, timeout=120)
-    return time.perf_counter() - t if done.returncode == 0 else None
+    wall, after = time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return (wall, cpu) if done.returncode == 0 else None
 
 
 class StatusProbe:
@@ -81,6 +84,7 @@ class StatusProbe:
     def __init__(self, db: str, every_s: float) -> None:
         self.db, self.every_s = db, every_s
         self.walls: list[float] = []
+        self.cpus: list[float] = []
         self.queries: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -93,6 +97,7 @@ class StatusProbe:
         self._thread.join()
 
     def _loop(self) -> None:
+        from agentbatch.dashboards.eta import estimate_eta
         from agentbatch.db.store import Store
 
         store = Store(self.db)
@@ -101,11 +106,11 @@ class StatusProbe:
             if not batches or batches[0].status != "running":
                 continue
             t = time.perf_counter()
-            store.status_counts(batches[0].id)
-            store.samples(batches[0].id)
+            estimate_eta(store, batches[0].id)  # the queries `status` runs
             self.queries.append(time.perf_counter() - t)
-            if (wall := status_wall(self.db, batches[0].id)) is not None:
-                self.walls.append(wall)
+            if (took := status_time(self.db, batches[0].id)) is not None:
+                self.walls.append(took[0])
+                self.cpus.append(took[1])
         store.close()
 
 
@@ -135,9 +140,9 @@ def main() -> int:
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         wall = time.perf_counter() - wall
         probe.stop()
-        idle = [w for _ in range(args.idle_calls) if (w := status_wall(db, batch_id)) is not None]
+        idle = [took for _ in range(args.idle_calls) if (took := status_time(db, batch_id)) is not None]
         counts = store.status_counts(batch_id)
-        steps = len(store.steps(batch_id))
+        steps = sum(store.step_counts(batch_id).values())
         store.close()
     cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
     peak = peak_rss_gb()
@@ -145,16 +150,17 @@ def main() -> int:
           f"load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     print(f"  run: {wall:.1f} s wall, {cpu:.1f} s CPU ({1000 * cpu / max(steps, 1):.2f} ms/step); samples {counts}")
     print(f"  memory: {before:.2f} GB before the batch, peak {peak:.2f} GB")
-    walls = probe.walls or [float("nan")]
-    queries = probe.queries or [float("nan")]
+    nan = [float("nan")]
+    walls, cpus, queries = probe.walls or nan, probe.cpus or nan, probe.queries or nan
+    idle_walls, idle_cpus = [w for w, _ in idle] or nan, [c for _, c in idle] or nan
     print(f"  `agentbatch status` while it ran: {len(probe.walls)} calls, wall median {statistics.median(walls):.2f} s "
-          f"max {max(walls):.2f} s; the store query median {statistics.median(queries):.3f} s "
-          f"max {max(queries):.3f} s")
-    idle = idle or [float("nan")]
-    print(f"  `agentbatch status` once it finished: {args.idle_calls} calls, wall median {statistics.median(idle):.2f} s")
+          f"max {max(walls):.2f} s, CPU median {statistics.median(cpus):.2f} s; estimate_eta in this process "
+          f"median {statistics.median(queries):.3f} s max {max(queries):.3f} s")
+    print(f"  `agentbatch status` once it finished: {len(idle)} calls, wall median {statistics.median(idle_walls):.2f} s, "
+          f"CPU median {statistics.median(idle_cpus):.2f} s")
     print(f"{args.samples} samples at once: peak RSS {peak:.2f} GB (+{peak - before:.2f} GB for the batch); "
-          f"status {statistics.median(walls):.2f} s (query {statistics.median(queries):.3f} s), "
-          f"idle {statistics.median(idle):.2f} s")
+          f"status {statistics.median(walls):.2f} s (CPU {statistics.median(cpus):.2f} s), "
+          f"idle {statistics.median(idle_walls):.2f} s (CPU {statistics.median(idle_cpus):.2f} s)")
     return 0
 
 
