@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # Alembic is imported only when a store must be migrated
 log = logging.getLogger("agentbatch.db")
 DEFAULT_SQLITE_NAME = "agentbatch.sqlite"
 MIGRATION_LOCK_KEY = 0x61676E74626174  # any constant shared by every agentbatch process ("agntbat")
+SQLITE_BUSY_TIMEOUT_S = 30.0
 
 
 class StoreUnavailable(Exception):
@@ -73,18 +76,17 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
             quiet = not Path(f"{path}-wal").exists()
             flags = "mode=ro&immutable=1" if quiet else "mode=ro"
             engine = create_engine(f"sqlite:///file:{path.resolve()}?{flags}&uri=true",
-                                   connect_args={"timeout": 30})
+                                   connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
             if quiet:
                 _refuse_changed_reads(engine, path)
         else:
-            engine = create_engine(url, connect_args={"timeout": 30})
+            engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:  # sqlite3.Connection, its pool record
             cur = dbapi_conn.cursor()
             if not read_only:
-                # WAL lets readers (status, report) run beside the writing batch.
-                cur.execute("PRAGMA journal_mode=WAL")
+                _enable_wal(cur)
                 cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")  # for cascades
             cur.close()
@@ -98,6 +100,24 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
             conn.exec_driver_sql("SET TRANSACTION READ ONLY")
 
     return engine
+
+
+def _enable_wal(cur: sqlite3.Cursor, timeout_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
+    """WAL lets readers (status, report) run beside the writing batch. Switching a file to WAL needs it
+    to itself, and SQLite answers "database is locked" at once, without its busy timeout, while another
+    process opens or migrates the same fresh file: so wait here. A file already in WAL takes no lock."""
+    if cur.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+        return
+    deadline, pause = time.monotonic() + timeout_s, 0.01
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.5)
 
 
 def _refuse_changed_reads(engine: Engine, path: Path) -> None:

@@ -3,6 +3,8 @@ a migration; `resume` of a finished batch leaves its finished_at and flow run un
 
 from __future__ import annotations
 
+import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -94,3 +96,23 @@ def test_read_only_reader_refuses_a_store_changed_under_it(tmp_path: Path) -> No
     again = Store(url, read_only=True)
     assert [b.name for b in again.list_batches()] == ["b"]
     again.close()
+
+
+def test_open_waits_while_another_process_holds_a_fresh_file(tmp_path: Path) -> None:
+    """Switching a file to WAL fails at once, busy timeout or not, while another connection writes to
+    it (seen when six processes opened one fresh store: one failed with "database is locked")."""
+    path = tmp_path / "fresh.sqlite"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE scratch (x INTEGER)")
+    other.execute("BEGIN IMMEDIATE")  # a write lock on a file not yet in WAL
+    other.execute("INSERT INTO scratch VALUES (1)")
+    release = threading.Timer(0.5, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        store = Store(f"sqlite:///{path}")
+        assert store.list_batches() == []
+        store.close()
+    finally:
+        release.join()
+        other.close()
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
