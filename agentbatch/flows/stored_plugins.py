@@ -1,30 +1,53 @@
 """What a stored batch config's plugin kinds resolve to here, for `status` and `report`.
 
 Apart from flows/config.py (pydantic models, YAML, the scheduling defaults): `status` shows this line
-and needs none of those.
+and needs none of those. `status` asks only whether each kind's module is installed
+(`installed_target`, nothing imported: a workload's module may pull in NumPy and PyArrow); `report`
+resolves the kinds fully, as `resume` would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib.util
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from agentbatch.protocols.plugins import PluginError
+from agentbatch.protocols.plugins import Plugin, PluginError, PluginKind, registered
 
 
-def plugins_line(stored: Mapping[str, Any]) -> str:
+def installed_target(what: PluginKind, kind: str, builtins: Mapping[str, str]) -> str:
+    """The "module:Object" a kind names, its module found on the path but not imported. PluginError for
+    an unknown name or a module that is not installed; a module that fails on import, or lacks the
+    object, is only found by importing it (`protocols.plugins.resolve`)."""
+    target = {**builtins, **registered(what)}.get(kind) or (kind if ":" in kind else None)
+    if target is None:
+        raise PluginError(f"unknown {what} {kind!r}")
+    module = target.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or an empty or relative name
+        found = False
+    if not found:
+        raise PluginError(f"{target!r}: no module {module!r} installed")
+    return target
+
+
+def plugins_line(stored: Mapping[str, Any], *, import_targets: bool = True) -> str:
     """What a stored config's kinds resolve to here; never raises: a kind that no longer resolves (its
-    package uninstalled) is shown as such — `resume` would refuse it."""
-    from agentbatch.engines.registry import engine_plugin
-    from agentbatch.environments.registry import workload_plugin
+    package uninstalled) is shown as such — `resume` would refuse it. `import_targets=False`: only
+    whether each kind's module is installed (`installed_target`)."""
+    from agentbatch.engines.registry import ENGINES, engine_plugin
+    from agentbatch.environments.registry import WORKLOADS, workload_plugin
 
     parts = []
-    for what, load in (("workload", workload_plugin), ("engine", engine_plugin)):
+    kinds: tuple[tuple[PluginKind, Mapping[str, str], Callable[[str], Plugin]], ...] = (
+        ("workload", WORKLOADS, workload_plugin), ("engine", ENGINES, engine_plugin))
+    for what, builtins, load in kinds:
         kind = (stored.get(what) or {}).get("kind") if isinstance(stored.get(what), Mapping) else None
         if not isinstance(kind, str):
             continue
         try:
-            target = load(kind).target
+            target = load(kind).target if import_targets else installed_target(what, kind, builtins)
         except PluginError as exc:
             target = f"NOT RESOLVABLE here ({exc})"
         parts.append(f"{what} {kind}" + ("" if target == kind else f" -> {target}"))

@@ -1,7 +1,7 @@
 """Plugins: how a config's `kind` (a workload, an engine) or a policy's `name` becomes an object.
 
-One function, `resolve`, is used wherever a kind is read: config load, run, resume, status and
-report. A kind is one of
+One function, `resolve`, is used wherever a kind is read: config load, run, resume and report
+(`status` only checks that a kind's module is installed: `flows/stored_plugins.py`). A kind is one of
 
 - a registered name: an entry point of the group `agentbatch.workloads`, `agentbatch.engines` or
   `agentbatch.policies` (agentbatch registers its built-in kinds the same way, in its own

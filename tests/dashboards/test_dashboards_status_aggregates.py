@@ -158,13 +158,15 @@ def test_group_tallies_leave_nan_scores_unscored(store: Store) -> None:
 
 
 def test_status_imports_neither_pandas_nor_prefect(sqlite_url: str) -> None:
-    """`agentbatch status` in a process of its own: its answer, and the heavy modules it never loads."""
+    """`agentbatch status` in a process of its own: its answer, and the heavy modules it never loads
+    (NumPy and PyArrow come with the recorded workload's module, which status finds but never imports)."""
     store = Store(sqlite_url)
     config = {"workload": {"kind": "recorded"}, "engine": {"kind": "replay"}}
     bid = write_batch(store, mixed_samples(seed=5), config=config, status="running", heartbeat_at=time.time())
     store.close()
     probe = ("import sys; from agentbatch.flows.cli import main; code = main(sys.argv[1:]); "
-             "print('LOADED', sorted(m for m in ('pandas', 'prefect') if m in sys.modules)); sys.exit(code)")
+             "print('LOADED', sorted(m for m in ('pandas', 'prefect', 'numpy', 'pyarrow', 'agentbatch.environments.recorded') "
+             "if m in sys.modules)); sys.exit(code)")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", probe, "status", str(bid), "--db", sqlite_url],
@@ -173,3 +175,14 @@ def test_status_imports_neither_pandas_nor_prefect(sqlite_url: str) -> None:
     assert f"batch {bid} (known): running" in done.stdout and "ETA" in done.stdout
     assert "CHECK sample" in done.stdout and "score by group" in done.stdout and "workload recorded" in done.stdout
     assert "LOADED []" in done.stdout, done.stdout
+
+
+def test_plugins_line_without_importing_the_targets() -> None:
+    from agentbatch.flows.stored_plugins import plugins_line
+
+    stored = {"workload": {"kind": "recorded"}, "engine": {"kind": "agentbatch.engines.replay:build_replay_workers"}}
+    assert plugins_line(stored, import_targets=False) == plugins_line(stored)
+    gone = plugins_line({"workload": {"kind": "uninstalled_pkg.mod:Bench"}, "engine": {"kind": "no-such-engine"}},
+                        import_targets=False)
+    assert "workload uninstalled_pkg.mod:Bench -> NOT RESOLVABLE here" in gone
+    assert "engine no-such-engine -> NOT RESOLVABLE here (unknown engine 'no-such-engine')" in gone

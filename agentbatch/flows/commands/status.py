@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if by_group := group_line(tallied_group_scores(store.group_tallies(args.batch_id)), "  score by group "):
             print(by_group, flush=True)
         batch = store.get_batch(args.batch_id)
-        print(plugins_line(batch.config if batch else {}), flush=True)
+        print(plugins_line(batch.config if batch else {}, import_targets=False), flush=True)
         while args.watch and eta.done < eta.total and eta.status != "crashed":
             time.sleep(args.watch)
             eta = estimate_eta(store, args.batch_id)
