@@ -22,7 +22,7 @@ from sqlalchemy import make_url
 
 from agentbatch.db.leases import dead_drivers
 from agentbatch.db.models import SampleStatus, StepStatus
-from agentbatch.db.store import SampleProgress, Store
+from agentbatch.db.store import RemainingSteps, SampleProgress, Store
 
 DONE_STATES = (SampleStatus.COMPLETED, SampleStatus.FAILED)
 
@@ -107,32 +107,13 @@ def _elapsed(progress: SampleProgress, now: float, finished: bool) -> float:
     return max(0.0, now - t0)
 
 
-@dataclass(slots=True)
-class Remaining:
-    """Steps left over the unfinished samples: in all, and of the longest chain."""
-
-    steps: float = 0.0
-    longest: float = 0.0
-
-
-def _expected_remaining(store: Store, batch_id: int, progress: SampleProgress, eta: Eta) -> Remaining:
-    """Steps left per unfinished sample (at least 1), summed, and where the chain lengths came from (eta.basis)."""
-    hist = store.prior_chain_lengths_of_unfinished(batch_id)
+def _expected_remaining(store: Store, batch_id: int, progress: SampleProgress, eta: Eta) -> RemainingSteps:
+    """Steps left over the unfinished samples, and where the chain lengths came from (eta.basis)."""
     batch_mean = progress.completed_mean_steps
-    out = Remaining()
-    from_batch = unknown = 0
-    for task_id, steps_done, n in store.unfinished_chains(batch_id):
-        done = float(steps_done or 0)
-        expected = hist.get(task_id)
-        if expected is not None:
-            eta.tasks_with_history += n
-        elif batch_mean is not None:
-            expected, from_batch = batch_mean, from_batch + n
-        else:
-            expected, unknown = done + 1, unknown + n  # a lower bound when nothing is known
-        left = max(expected - done, 1.0)
-        out.steps += left * n
-        out.longest = max(out.longest, left)
+    left = store.remaining_steps(batch_id, batch_mean)
+    eta.tasks_with_history = left.with_history
+    from_batch = left.samples - left.with_history if batch_mean is not None else 0
+    unknown = left.samples - left.with_history - from_batch
     sources = []
     if eta.tasks_with_history:
         sources.append(f"earlier batches ({eta.tasks_with_history} samples)")
@@ -141,7 +122,7 @@ def _expected_remaining(store: Store, batch_id: int, progress: SampleProgress, e
     if unknown:
         sources.append(f"a lower bound for {unknown} samples (no finished chain seen)")
     eta.basis = "; ".join(sources)
-    return out
+    return left
 
 
 def _cut_short(eta: Eta) -> None:

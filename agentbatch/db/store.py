@@ -14,9 +14,9 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, Row, case, func, literal, select, true, update
+from sqlalchemy import CursorResult, Executable, Float, Row, case, func, literal, select, true, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from agentbatch.db.engine import check_readable, make_engine, migrate, resolve_url
 from agentbatch.db.fencing import still_held
@@ -65,6 +65,14 @@ class GroupTally:
     samples: int
     scored: int  # samples with a score (NaN is no score)
     mean: float | None  # of the scored ones
+
+
+@dataclass(frozen=True, slots=True)
+class RemainingSteps:
+    samples: int  # unfinished samples
+    with_history: int  # of them, those whose task id completed in another batch
+    steps: float  # steps left in all
+    longest: float  # steps left on the longest chain
 
 
 UNFINISHED_SAMPLES = (SampleStatus.PENDING, SampleStatus.RUNNING)
@@ -225,25 +233,26 @@ class Store:
         with self.session() as s:
             return {status: n for status, n in s.execute(q)}
 
-    def unfinished_chains(self, batch_id: int) -> list[tuple[str, int, int]]:
-        """(task_id, steps_done, how many samples) over the batch's unfinished samples."""
-        q = (select(Sample.task_id, Sample.steps_done, func.count())
-             .where(Sample.batch_id == batch_id, Sample.status.in_(UNFINISHED_SAMPLES))
-             .group_by(Sample.task_id, Sample.steps_done))
+    def remaining_steps(self, batch_id: int, fallback_mean: float | None) -> RemainingSteps:
+        """Steps left over the batch's unfinished samples, each max(expected chain length - steps done, 1).
+        The expected length of a sample is its task id's mean over other batches' completed samples,
+        else `fallback_mean` (the caller's: this batch's completed samples), else steps done + 1 (a
+        lower bound)."""
+        unfinished = (Sample.batch_id == batch_id) & Sample.status.in_(UNFINISHED_SAMPLES)
+        prior, mine = aliased(Sample), aliased(Sample)
+        hist = (select(prior.task_id, func.avg(prior.steps_done).label("mean"))
+                .where(prior.task_id.in_(select(mine.task_id).where(mine.batch_id == batch_id,
+                                                                   mine.status.in_(UNFINISHED_SAMPLES))),
+                       prior.batch_id != batch_id, prior.status == SampleStatus.COMPLETED)
+                .group_by(prior.task_id).subquery())
+        fallback = Sample.steps_done + 1 if fallback_mean is None else literal(fallback_mean, Float)
+        gap = func.coalesce(hist.c.mean, fallback) - Sample.steps_done
+        left = case((gap < 1, 1.0), else_=gap)
+        q = (select(func.count(), func.count(hist.c.mean), func.sum(left), func.max(left))
+             .select_from(Sample).outerjoin(hist, hist.c.task_id == Sample.task_id).where(unfinished))
         with self.session() as s:
-            return [(task_id, steps_done, n) for task_id, steps_done, n in s.execute(q)]
-
-    def prior_chain_lengths_of_unfinished(self, batch_id: int) -> dict[str, float]:
-        """`prior_chain_lengths` of the task ids of the batch's unfinished samples, in one query (the ids
-        stay in the database: no IN list to chunk)."""
-        unfinished = (select(Sample.task_id)
-                      .where(Sample.batch_id == batch_id, Sample.status.in_(UNFINISHED_SAMPLES)).scalar_subquery())
-        q = (select(Sample.task_id, func.avg(Sample.steps_done))
-             .where(Sample.task_id.in_(unfinished), Sample.batch_id != batch_id,
-                    Sample.status == SampleStatus.COMPLETED)
-             .group_by(Sample.task_id))
-        with self.session() as s:
-            return {task_id: float(avg) for task_id, avg in s.execute(q)}
+            n, with_history, steps, longest = s.execute(q).one()
+        return RemainingSteps(n, with_history, float(steps or 0.0), float(longest or 0.0))
 
     def chain_step_s(self, batch_id: int) -> float | None:
         """Mean seconds per step along one chain: over the samples with completed steps, (their last
