@@ -9,10 +9,12 @@ checked against its `Params` model first. A kind is a registered name (an entry 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentbatch.protocols.engine import Engine
-from agentbatch.protocols.plugins import Plugin, resolve
+
+if TYPE_CHECKING:
+    from agentbatch.protocols.plugins import Plugin
 
 # The built-in kinds, also declared as entry points in pyproject.toml (for an uninstalled tree).
 ENGINES: dict[str, str] = {
@@ -24,6 +26,8 @@ ENGINES: dict[str, str] = {
 
 def engine_plugin(kind: str) -> Plugin:
     """The engine plugin a kind names (raises PluginError, a ValueError)."""
+    from agentbatch.protocols.plugins import resolve  # pydantic: not for `status`, which reads only ENGINES
+
     return resolve("engine", kind, ENGINES)
 
 

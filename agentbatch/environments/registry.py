@@ -10,10 +10,12 @@ batch does not import the Docker or MCP SDKs. The factory is called with the con
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentbatch.protocols.environment import EnvironmentFactory
-from agentbatch.protocols.plugins import Plugin, resolve
+
+if TYPE_CHECKING:
+    from agentbatch.protocols.plugins import Plugin
 
 # The built-in kinds, also declared as entry points in pyproject.toml; this table serves a source
 # tree whose package metadata was never installed.
@@ -27,6 +29,8 @@ WORKLOADS: dict[str, str] = {
 
 def workload_plugin(kind: str) -> Plugin:
     """The workload plugin a kind names (raises PluginError, a ValueError)."""
+    from agentbatch.protocols.plugins import resolve  # pydantic: not for `status`, which reads only WORKLOADS
+
     return resolve("workload", kind, WORKLOADS)
 
 

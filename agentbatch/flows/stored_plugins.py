@@ -2,26 +2,27 @@
 
 Apart from flows/config.py (pydantic models, YAML, the scheduling defaults): `status` shows this line
 and needs none of those. `status` asks only whether each kind's module is installed
-(`installed_target`, nothing imported: a workload's module may pull in NumPy and PyArrow); `report`
-resolves the kinds fully, as `resume` would.
+(`installed_target`: neither the module, which may pull in NumPy and PyArrow, nor pydantic is
+imported); `report` resolves the kinds fully, as `resume` would.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentbatch.protocols.plugins import Plugin, PluginError, PluginKind, registered
+from agentbatch.protocols.plugin_names import PluginError, PluginKind, target_of
+
+if TYPE_CHECKING:
+    from agentbatch.protocols.plugins import Plugin
 
 
 def installed_target(what: PluginKind, kind: str, builtins: Mapping[str, str]) -> str:
     """The "module:Object" a kind names, its module found on the path but not imported. PluginError for
     an unknown name or a module that is not installed; a module that fails on import, or lacks the
     object, is only found by importing it (`protocols.plugins.resolve`)."""
-    target = {**builtins, **registered(what)}.get(kind) or (kind if ":" in kind else None)
-    if target is None:
-        raise PluginError(f"unknown {what} {kind!r}")
+    target = target_of(what, kind, builtins)
     module = target.partition(":")[0]
     try:
         found = importlib.util.find_spec(module) is not None

@@ -19,24 +19,21 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
-import sys
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cache, lru_cache
-from importlib.metadata import entry_points
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-PluginKind = Literal["workload", "engine", "policy"]
-GROUPS: dict[str, str] = {
-    "workload": "agentbatch.workloads",
-    "engine": "agentbatch.engines",
-    "policy": "agentbatch.policies",
-}
-MAX_KIND_LENGTH = 200
+# The names, without pydantic, live in plugin_names (what `status` imports); re-exported here.
+from agentbatch.protocols.plugin_names import GROUPS as GROUPS
+from agentbatch.protocols.plugin_names import MAX_KIND_LENGTH as MAX_KIND_LENGTH
+from agentbatch.protocols.plugin_names import PluginError as PluginError
+from agentbatch.protocols.plugin_names import PluginKind as PluginKind
+from agentbatch.protocols.plugin_names import registered as registered
+from agentbatch.protocols.plugin_names import target_of
 
 
 class PluginParams(BaseModel):
@@ -51,10 +48,6 @@ class AnyParams(BaseModel):
     factory `f(params, workload)` without a `Params` attribute): any mapping passes."""
 
     model_config = ConfigDict(extra="allow")
-
-
-class PluginError(ValueError):
-    """A kind that cannot be resolved: unknown name, failed import, or not the right sort of object."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,46 +72,10 @@ class Plugin:
         return {**{k: v for k, v in model.model_dump().items() if k not in given}, **given}
 
 
-def registered(what: PluginKind) -> dict[str, str]:
-    """Registered names of a plugin kind and the "module:Object" each points to (entry points)."""
-    return dict(_entry_points(GROUPS[what], _path_state()))
-
-
-def _path_state() -> tuple[tuple[str, int | None], ...]:
-    """sys.path with each entry's modification time: installing or removing a distribution changes it."""
-    state: list[tuple[str, int | None]] = []
-    for entry in sys.path:
-        try:
-            state.append((entry, os.stat(entry or ".").st_mtime_ns))
-        except OSError:
-            state.append((entry, None))
-    return tuple(state)
-
-
-@lru_cache(maxsize=16)
-def _entry_points(group: str, path_state: tuple[tuple[str, int | None], ...]) -> tuple[tuple[str, str], ...]:
-    # Scanning every installed distribution costs tens of milliseconds, and a batch resolves its plugins
-    # a dozen times (config, plan, run, report): scanned once per state of sys.path.
-    return tuple((ep.name, ep.value) for ep in entry_points(group=group))
-
-
 def resolve(what: PluginKind, kind: str, builtins: Mapping[str, str] | None = None) -> Plugin:
     """The plugin a `kind` names. `builtins`: names known without installed metadata (agentbatch's
     own, for a source tree that was never `pip install`ed); entry points of the same name win."""
-    if not isinstance(kind, str) or not kind.strip():
-        raise PluginError(f"expected a {what} name or 'package.module:Object', got {kind!r}")
-    if len(kind) > MAX_KIND_LENGTH:
-        raise PluginError(f"{what} kind is {len(kind)} characters long; at most {MAX_KIND_LENGTH}")
-    names = {**dict(builtins or {}), **registered(what)}
-    if kind in names:
-        target = names[kind]
-    elif ":" in kind:
-        target = kind
-    else:
-        raise PluginError(
-            f"unknown {what} {kind!r}; expected a registered name ({', '.join(sorted(names))}), an entry "
-            f"point of the group {GROUPS[what]!r}, or 'package.module:Object'"
-        )
+    target = target_of(what, kind, builtins)
     return Plugin(what, kind, target, load_target(target))
 
 

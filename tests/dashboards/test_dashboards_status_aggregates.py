@@ -159,13 +159,15 @@ def test_group_tallies_leave_nan_scores_unscored(store: Store) -> None:
 
 def test_status_imports_neither_pandas_nor_prefect(sqlite_url: str) -> None:
     """`agentbatch status` in a process of its own: its answer, and the heavy modules it never loads
-    (NumPy and PyArrow come with the recorded workload's module, which status finds but never imports)."""
+    (NumPy and PyArrow come with the recorded workload's module, which status finds but never imports;
+    pydantic with the plugins' parameter models)."""
     store = Store(sqlite_url)
     config = {"workload": {"kind": "recorded"}, "engine": {"kind": "replay"}}
     bid = write_batch(store, mixed_samples(seed=5), config=config, status="running", heartbeat_at=time.time())
     store.close()
     probe = ("import sys; from agentbatch.flows.cli import main; code = main(sys.argv[1:]); "
-             "print('LOADED', sorted(m for m in ('pandas', 'prefect', 'numpy', 'pyarrow', 'agentbatch.environments.recorded') "
+             "print('LOADED', sorted(m for m in ('pandas', 'prefect', 'numpy', 'pyarrow', 'pydantic', "
+             "'agentbatch.environments.recorded') "
              "if m in sys.modules)); sys.exit(code)")
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
@@ -185,4 +187,4 @@ def test_plugins_line_without_importing_the_targets() -> None:
     gone = plugins_line({"workload": {"kind": "uninstalled_pkg.mod:Bench"}, "engine": {"kind": "no-such-engine"}},
                         import_targets=False)
     assert "workload uninstalled_pkg.mod:Bench -> NOT RESOLVABLE here" in gone
-    assert "engine no-such-engine -> NOT RESOLVABLE here (unknown engine 'no-such-engine')" in gone
+    assert "engine no-such-engine -> NOT RESOLVABLE here (unknown engine 'no-such-engine';" in gone
