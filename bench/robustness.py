@@ -47,13 +47,14 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, TimeoutError, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from agentbatch.planning import concurrency_for_profile
 from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES, Candidate
 from agentbatch.sim.portfolio import Member, candidate_config, decide
 from agentbatch.sim.profiles import EngineProfile, get_profile
+from agentbatch.sim.replan import Replanner, ReplanSettings
 from agentbatch.sim.virtual_time import VirtualBatch, VirtualConfig
 from agentbatch.sim.virtual_time.bounds import trace_tight_bound
 from agentbatch.sim.virtual_time.simulation import SimulationCut, context_priors
@@ -77,6 +78,7 @@ class Cell:
     history: bool = True  # priors: chain lengths and contexts of the same tasks in an earlier epoch
     ensemble: int = 3  # members the choice simulates
     margin: float = 0.01  # the rule's margin (scheduling/portfolio.py choose)
+    replan: ReplanSettings | None = None  # re-plan while the batch runs (sim/replan.py)
 
     @property
     def name(self) -> str:
@@ -107,6 +109,9 @@ class CellResult:
     fallback: str = ""  # the ensemble's best baseline (what the choice falls back on)
     fallback_s: float = math.nan  # its makespan on the batch itself
     score: float = math.nan  # the chosen one's worst predicted ratio to the best baseline over the members
+    static_s: float = math.nan  # with --replan: the chosen candidate run to its end without re-planning
+    switches: str = ""  # with --replan: "at_s:new" for each switch
+    checkpoints: int = 0
 
     @property
     def ratio(self) -> float:
@@ -150,7 +155,8 @@ def run_cell(cell: Cell) -> CellResult:
     earlier = generate(cell.family, n, seed=cell.seed, epoch=0) if cell.history else None
     n_ref = concurrency_for_profile(trace, profile, workers=cell.workers).n_ref
     base = VirtualConfig(workers=cell.workers, profile=profile, env_slots=slots)
-    d = decide(members(cell, n, earlier), base, n_ref=n_ref, margin=cell.margin)
+    ensemble = members(cell, n, earlier)
+    d = decide(ensemble, base, n_ref=n_ref, margin=cell.margin)
     priors = chain_priors(earlier) if earlier is not None else None
     contexts = context_priors(earlier) if earlier is not None else None
     hindsight = _Hindsight(trace, base, n_ref, priors, contexts)
@@ -159,10 +165,18 @@ def run_cell(cell: Cell) -> CellResult:
     best_base = min(bases, key=lambda k: bases[k])
     oracle = min(runs, key=lambda k: runs[k])
     tight = trace_tight_bound(trace, profile, cell.workers, slots)
-    return CellResult(cell, n, slots, n_ref, d.choice.name, runs[d.choice.name], runs[DEFAULTS_NAME], best_base,
-                      bases[best_base], oracle, runs[oracle], tight.plain.value, tight.value, tight.plain.binding,
-                      d.decide_s, d.decide_cpu_s, d.simulations, len(hindsight.scores) == 1, time.perf_counter() - t0,
-                      d.choice.fallback, runs[d.choice.fallback], d.choice.score)  # fmt: skip
+    r = CellResult(cell, n, slots, n_ref, d.choice.name, runs[d.choice.name], runs[DEFAULTS_NAME], best_base,
+                   bases[best_base], oracle, runs[oracle], tight.plain.value, tight.value, tight.plain.binding,
+                   d.decide_s, d.decide_cpu_s, d.simulations, len(hindsight.scores) == 1, time.perf_counter() - t0,
+                   d.choice.fallback, runs[d.choice.fallback], d.choice.score, static_s=runs[d.choice.name])  # fmt: skip
+    if cell.replan is None:
+        return r
+    rp = Replanner(ensemble, d.candidates, d.chosen, n_ref, cell.replan)
+    raw = hindsight.replanned(d.chosen, rp, statistics.median(x for x in d.predictions[d.choice.name] if math.isfinite(x)))
+    return replace(r, chosen_s=raw, decide_s=r.decide_s + rp.wall_s, decide_cpu_s=r.decide_cpu_s + rp.cpu_s,
+                   simulations=r.simulations + rp.simulations, scores_same=len(hindsight.scores) == 1,
+                   switches=" ".join(f"{sw.at_s:.0f}s:{sw.new}" for sw in rp.switches), checkpoints=rp.checkpoints,
+                   wall_s=time.perf_counter() - t0)  # fmt: skip
 
 
 class _Hindsight:
@@ -185,6 +199,17 @@ class _Hindsight:
         self.scores.add(round(sum(scores) / len(scores), 12) if scores else 0.0)
         return raw.makespan_s
 
+    def replanned(self, c: Candidate, replanner: Replanner, predicted_s: float) -> float:
+        """The chosen candidate on the batch, re-planned at checkpoints (sim/replan.py)."""
+        cfg = candidate_config(c, self.base, samples=len(self.trace.samples), n_ref=self.n_ref, priors=self.priors,
+                               context_priors=self.contexts)  # fmt: skip
+        batch = VirtualBatch(self.trace, cfg)
+        replanner.attach(batch, predicted_s)
+        raw = batch.run()
+        scores = [r[3] for r in raw.samples if r[3] is not None]
+        self.scores.add(round(sum(scores) / len(scores), 12) if scores else 0.0)
+        return raw.makespan_s
+
     def all(self, pool: list[Candidate], full: set[str]) -> dict[str, float]:
         out = {c.name: self.run(c, None) for c in pool if c.name in full}
         for c in sorted((c for c in pool if c.name not in full), key=lambda c: not c.baseline):
@@ -203,7 +228,14 @@ def _line(r: CellResult) -> str:
             f"best  x{r.chosen_s / r.lb_s:.3f} LB ({r.lb_s:.1f}s {r.lb_term})  x{r.chosen_s / r.tight_lb_s:.3f} "
             f"tight LB  deciding {r.decide_s:.2f}s = {100 * r.decide_s / r.chosen_s:.2f}% (cpu {r.decide_cpu_s:.2f}s; "
             f"{r.simulations} sims)"
-            f"{'' if r.scores_same else '  SCORES DIFFER'}{flag}")  # fmt: skip
+            f"{_replan_note(r)}{'' if r.scores_same else '  SCORES DIFFER'}{flag}")  # fmt: skip
+
+
+def _replan_note(r: CellResult) -> str:
+    if r.cell.replan is None:
+        return ""
+    return (f"  replan: static x{r.static_s / r.baseline_s:.3f} best, {r.checkpoints} checkpoints, "
+            f"switches [{r.switches}]")
 
 
 def _geomean(xs: list[float]) -> float:
@@ -225,6 +257,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ensemble", type=int, default=3, help="members the choice simulates (default 3)")
     ap.add_argument("--margin", type=float, default=0.01,
                     help="a non-baseline is chosen only if it beats the best baseline's score by this (default 0.01)")
+    ap.add_argument("--replan", action="store_true",
+                    help="re-plan while the batch runs (sim/replan.py): the chosen column is the chosen candidate "
+                         "re-planned at checkpoints; deciding includes the re-planning")
+    ap.add_argument("--replan-every", type=float, default=ReplanSettings.every,
+                    help=f"checkpoint interval, share of the predicted makespan (default {ReplanSettings.every})")
+    ap.add_argument("--replan-margin", type=float, default=ReplanSettings.margin,
+                    help=f"gain over the running candidate every member must predict (default {ReplanSettings.margin})")
     ap.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="stop starting cells after this many seconds and summarise those that ran (default 540)")
@@ -239,7 +278,8 @@ def _cells(args: argparse.Namespace) -> list[Cell] | str:
     problem = _problem(args, families, seeds)
     if problem:
         return problem
-    cells = [Cell(f, m, w, p, args.scale, seed, not args.no_history, args.ensemble, args.margin)
+    replan = ReplanSettings(args.replan_every, args.replan_margin) if args.replan else None
+    cells = [Cell(f, m, w, p, args.scale, seed, not args.no_history, args.ensemble, args.margin, replan)
              for seed, f, p, m, w in product(seeds, families, PROFILES, SLOT_MULTS, WORKERS)]
     cells = _matching(cells, [p for p in args.cells.split(",") if p])
     if not cells:
@@ -280,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"# scale {args.scale}: samples, env slots and engine KV blocks / max_num_seqs / state slots x{args.scale}; "
           f"{len(cells)} cells; seeds {args.seeds}; {'history' if not args.no_history else 'no history'}; ensemble "
-          f"{args.ensemble}; margin {args.margin}; budget {args.budget_s:.0f}s; load average {os.getloadavg()[0]:.1f}",
+          f"{args.ensemble}; margin {args.margin}; {_replan_header(args)}budget {args.budget_s:.0f}s; load average {os.getloadavg()[0]:.1f}",
           flush=True)  # fmt: skip
     t0 = time.perf_counter()
     results: list[CellResult] = []
@@ -299,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _stop(pool, all(f.done() for f in futures))
     return _summary(results, time.perf_counter() - t0)
+
+
+def _replan_header(args: argparse.Namespace) -> str:
+    return f"replan every {args.replan_every} margin {args.replan_margin}; " if args.replan else ""
 
 
 def _exit_on_term(*_: object) -> None:

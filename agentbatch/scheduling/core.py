@@ -21,8 +21,9 @@ from the step's grant to its completion.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from agentbatch.scheduling.admission_control import AdmissionController, AdmissionSignals, EngineMeasurements
 from agentbatch.scheduling.policies import AdmissionLimits, FifoQueue, PriorityPolicy, QueuePolicy, Router
@@ -53,6 +54,29 @@ class GrantRecord:
     sample_id: int
     step_index: int
     at: float
+
+
+@dataclass(frozen=True)
+class PolicySwap:
+    """What `SchedulingCore.swap` changes (None: keep). `admission_order` reorders the samples still
+    waiting for admission; `controller` is a 1-tuple: (None,) turns adaptive admission off."""
+
+    coupled: bool | None = None
+    admission_limit: int | None = None
+    env_queue: QueuePolicy | None = None
+    inference_queues: Mapping[str, QueuePolicy] | None = None
+    router: Router | None = None
+    priority: PriorityPolicy | None = None
+    admission_order: Callable[[list[SampleProgress]], list[SampleProgress]] | None = None
+    controller: tuple[AdmissionController | None] | None = None
+
+
+def _moved(old: QueuePolicy, new: QueuePolicy) -> QueuePolicy:
+    """`new` with `old`'s waiting tickets, pushed in the order `old` would have served them (popped
+    at -inf, so no aging guard fires)."""
+    for _ in range(len(old)):
+        new.push(old.pop(-math.inf))
+    return new
 
 
 @dataclass(slots=True)
@@ -130,6 +154,7 @@ class SchedulingCore:
         self.workers = {w: SlotPool(w, f"{w}#", limits.per_worker_inflight, inference_queues[w]) for w in workers}
         self._admitted: dict[int, str] = {}  # sample id -> its admission slot
         self._held_env: dict[int, str] = {}  # coupled mode: sample id -> its environment slot
+        self._held_busy: set[int] = set()  # coupled mode: samples whose held slot runs an action now
         self._cached: dict[str, set[int]] = {w: set() for w in workers}  # samples whose prefix a worker holds
         self._admissions = 0  # admission grants so far: each sample's arrival_seq
         self.sticky = 0  # inference calls routed back to the sample's previous worker
@@ -153,6 +178,7 @@ class SchedulingCore:
             return self._pump(self.admission, now)
         held = self._held_env.get(ticket.sample.sample_id)
         if ticket.kind == StepKind.ENVIRONMENT and held is not None:  # coupled: its own slot
+            self._held_busy.add(ticket.sample.sample_id)
             return [self._record(Grant(ticket, ENVIRONMENT, held), now)]
         pool = self._pool_for(ticket, route=True)
         pool.queue.push(ticket)
@@ -177,6 +203,7 @@ class SchedulingCore:
         if ticket.step_index == ADMISSION_STEP:  # an admission whose waiter went away
             return self.finish(ticket.sample, now)
         if slot == self._held_env.get(ticket.sample.sample_id):
+            self._held_busy.discard(ticket.sample.sample_id)
             return []
         pool = self._pool_for(ticket, route=False)
         pool.give(slot)
@@ -209,6 +236,7 @@ class SchedulingCore:
         if slot is not None:
             self.admission.give(slot)
         held = self._held_env.pop(sid, None)
+        self._held_busy.discard(sid)
         if held is not None:
             self.environment.give(held)
 
@@ -248,6 +276,63 @@ class SchedulingCore:
                 grants += self._pump(pool, now)
         return grants
 
+    def swap(self, swap: PolicySwap, now: float) -> list[Grant]:
+        """Run the rest of the batch with other policies (re-planning while it runs); only what
+        `swap` sets changes. Safe at any instant between two driver calls: nothing granted is taken
+        back, no waiting ticket is lost (each queue's waiters move to its successor, in the order the
+        old one would have served them), and a lower admission limit takes effect as admitted samples
+        finish. Leaving coupled mode turns each held environment slot into an ordinary one (given back
+        at once if idle, else when its action ends). Entering coupled mode is refused: with samples
+        admitted beyond the slots no sample could be given a slot to hold; run the coupled
+        configuration as its decoupled equivalent instead (admission limit min(limit, slots): every
+        admitted sample then finds a free slot for each action, as if it held one)."""
+        if swap.coupled and not self.limits.coupled:
+            raise ValueError("cannot enter coupled mode while the batch runs; swap to its decoupled equivalent")
+        if swap.coupled is False and self.limits.coupled:
+            self._uncouple()
+        if swap.env_queue is not None:
+            self.environment.queue = _moved(self.environment.queue, swap.env_queue)
+        for w, queue in (swap.inference_queues or {}).items():
+            self.workers[w].queue = _moved(self.workers[w].queue, queue)
+        if swap.router is not None:
+            self._prime(swap.router)
+        if swap.priority is not None:
+            self.priority = swap.priority
+        if swap.admission_order is not None:
+            self._reorder_admission(swap.admission_order)
+        if swap.controller is not None:
+            self.controller = swap.controller[0]
+        grants = self._pump(self.environment, now)
+        if swap.admission_limit is not None:
+            grants += self.set_admission_limit(swap.admission_limit, now)
+        return grants + self._pump(self.admission, now)
+
+    def _uncouple(self) -> None:
+        self.limits = replace(self.limits, coupled=False)
+        for sid in sorted(self._held_env):
+            slot = self._held_env.pop(sid)
+            if sid not in self._held_busy:  # idle: back to the pool; a busy one returns through release()
+                self.environment.give(slot)
+        self._held_busy.clear()
+        self.admission.resize(self.limits.effective_active(self.admission_limit))
+
+    def _prime(self, router: Router) -> None:
+        # A new router learns where each admitted sample's prefix lives, as the old one had.
+        for w, cached in self._cached.items():
+            for sid in sorted(cached):
+                router.on_request_complete(sid, w)
+        self.router = router
+
+    def _reorder_admission(self, order: Callable[[list[SampleProgress]], list[SampleProgress]]) -> None:
+        queue = self._admission_queue
+        waiting = [queue.pop(-math.inf) for _ in range(len(queue))]
+        by_sample = {id(t.sample): t for t in waiting}
+        for sample in order([t.sample for t in waiting]):
+            queue.push(by_sample.pop(id(sample)))
+        for t in waiting:  # any the order left out keep their place after the others
+            if id(t.sample) in by_sample:
+                queue.push(by_sample.pop(id(t.sample)))
+
     def enable_adaptive_admission(self, controller: AdmissionController, counters: CountersHook | None) -> None:
         """Let `controller` set the admission limit after each window of completed steps, from the
         core's queues and the engines' counters (`counters`: the engine model's metrics in virtual
@@ -267,6 +352,10 @@ class SchedulingCore:
     # --- what drivers ask ---------------------------------------------------------------------------
     def request_priority(self, sample: SampleProgress) -> int | None:
         return self.priority.priority(sample)
+
+    def is_admitted(self, sample_id: int) -> bool:
+        """Whether the sample holds an admission slot now."""
+        return sample_id in self._admitted
 
     def worker_loads(self) -> list[WorkerLoad]:
         loads = [

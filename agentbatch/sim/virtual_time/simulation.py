@@ -24,13 +24,13 @@ import zlib
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from agentbatch.scheduling.admission_control import EngineMeasurements, counters_from_metrics
 from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequence
-from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord
+from agentbatch.scheduling.core import ADMISSION, ENVIRONMENT, Grant, GrantRecord, PolicySwap
 from agentbatch.scheduling.defaults import DEFAULTS
 from agentbatch.scheduling.policies import AdmissionLimits, FcfsPriority
 from agentbatch.scheduling.registry import PolicySpec, build_core
@@ -45,9 +45,11 @@ _ZEROS = array("q", bytes(8 * 4096))
 
 _SPAN_LIMIT = 4096  # decode-only iterations planned at once (EngineModel.plan_decodes)
 
-# event phases within an instant: step and iteration ends first, then iteration starts
+# event phases within an instant: step and iteration ends first, then iteration starts, then
+# checkpoints (which see the instant's whole state)
 _END = 0
 _ITER_START = 1
+_CHECKPOINT = 2
 
 
 def _policy(name: str) -> Callable[[], PolicySpec]:
@@ -243,10 +245,20 @@ class _Contexts:
             n -= k
 
 
+@dataclass(frozen=True)
+class Checkpoints:
+    """Call `callback(batch, now)` every `every_s` of virtual time while samples remain: the batch
+    may swap its core's policies there (re-planning, sim/replan.py)."""
+
+    every_s: float
+    callback: Callable[[VirtualBatch, float], None]
+
+
 class VirtualBatch:
     """One simulated batch. `run()` once; it returns the raw step and sample records."""
 
     _next_start = 0.0  # when the next admitted sample starts (VirtualConfig.sample_start_s)
+    checkpoints: Checkpoints | None = None
 
     def __init__(self, trace: Trace, config: VirtualConfig, engine_factory: EngineFactory | None = None) -> None:
         if config.inference not in ("engine", "recorded"):
@@ -481,13 +493,21 @@ class VirtualBatch:
 
     def run(self, stop_after_s: float | None = None) -> RawResult:
         """Simulate to the end; with `stop_after_s`, raise `SimulationCut` as soon as the virtual
-        clock passes it (the makespan is known to be larger: a candidate that cannot win)."""
+        clock passes it (the makespan is known to be larger: a candidate that cannot win). With
+        `checkpoints` set, its callback runs every `every_s` of virtual time while samples remain."""
         self._admit_all()
+        if self.checkpoints is not None:
+            self._push(self.checkpoints.every_s, _CHECKPOINT, "checkpoint", None)
+        return self.resume(stop_after_s)
+
+    def resume(self, stop_after_s: float | None = None) -> RawResult:
+        """Go on from where the simulation stands (a fork made at a checkpoint: sim/replan.py)."""
         heap = self._heap
         stop = float("inf") if stop_after_s is None else stop_after_s
         handlers: dict[str, Callable[[Any, float], None]] = {
             "iter_start": self._iter_start, "iter_end": lambda a, t: self._iter_end(a[0], a[1], t),
             "step_end": self._step_end, "advance": self._advance, "span_end": self._span_end,
+            "checkpoint": self._checkpoint,
         }  # fmt: skip
         rest = self._rest_env_s() if stop_after_s is not None else None
         while heap:
@@ -504,6 +524,51 @@ class VirtualBatch:
             handlers[kind](arg, now)
             self._drain(now)
         return self._result()
+
+    def _checkpoint(self, _: Any, now: float) -> None:
+        cp = self.checkpoints
+        if cp is None or all(s.finished_at is not None for s in self._all):
+            return  # a fork, or nothing left to plan
+        cp.callback(self, now)
+        self._drain(now)
+        self._push(now + cp.every_s, _CHECKPOINT, "checkpoint", None)
+
+    # --- re-planning (sim/replan.py) ------------------------------------------------------------
+    def positions(self) -> dict[int, tuple[TraceSample, int, bool]]:
+        """Each unfinished sample by trace index: its trace, the position of its next (or running)
+        step, and whether it is admitted (then that step has been asked for)."""
+        return {s.trace.index: (s.trace, s.pos, self.core.is_admitted(s.prog.sample_id))
+                for s in self._all if s.finished_at is None}  # fmt: skip
+
+    def all_progress(self) -> list[SampleProgress]:
+        return [s.prog for s in self._all]
+
+    def set_futures(self, futures: Mapping[int, TraceSample], now: float) -> None:
+        """Give samples (by trace index) new traces, the same up to their current step (a fork that
+        predicts the remainder). A running step of recorded duration (an environment action, or
+        inference with inference="recorded") ends at its start plus its new duration, at the
+        earliest `now`; inference on an engine model keeps what the model planned."""
+        for s in self._all:
+            if s.trace.index in futures:
+                s.trace = futures[s.trace.index]
+        heap = []
+        for t, phase, seq, kind, arg in self._heap:
+            if kind == "step_end":
+                st = arg.sample.trace.steps[arg.sample.pos]
+                scale = self.cfg.env_time_scale if st.kind != INFERENCE else 1.0
+                t = max(now, arg.started + (st.duration_s or 0.0) * scale)
+            heap.append((t, phase, seq, kind, arg))
+        heapq.heapify(heap)
+        self._heap = heap
+
+    def swapped(self, swap: PolicySwap, now: float) -> None:
+        """Run the rest with other policies (SchedulingCore.swap); the grants it makes start now."""
+        self._wake.extend(self.core.swap(swap, now))
+        self.router = self.core.router
+        self.core.load_hook = self._kv_loads if self.core.router.wants_kv_usage else None
+        if self.core.controller is not None and self.cfg.inference == "engine":
+            self.core.engine_counters = self._engine_counters
+        self._drain(now)
 
     def _rest_env_s(self) -> list[list[float]]:
         """Per sample and step position p: the environment time its chain still needs after step p

@@ -1,0 +1,336 @@
+"""Re-planning while the batch runs, in virtual time (issue 24, item 3).
+
+The choice before the batch (`sim/portfolio.py`) sees only priors; a batch that is a tail
+realisation (its longest chain shows itself only while it runs) can make it lose. So at checkpoints
+(every `ReplanSettings.every` of the chosen candidate's predicted makespan) the running batch is
+forked once per ensemble member and per candidate, and each fork simulates the remainder:
+
+- **from the current state**: who is admitted and finished, each sample's steps done, what is
+  queued and running, the engines' caches and queues, the slots in use (the fork is a copy of the
+  running simulation, so nothing of the past is re-simulated);
+- **with unrevealed futures drawn from the member, never from the batch**: a sample's steps not yet
+  asked for come from the member's run of the same task (with history) or of the sample at the
+  same position (without), from the same step position on; a sample that has already run past the
+  member's chain continues as the member's median chain among those still running at that
+  position (the member's conditional tail), and ends with the step it is at if none is. A step
+  that has been asked for reveals its kind and its prompt (both known once asked), not its
+  duration: a running environment action ends at its start plus the member's duration (at the
+  earliest now). An inference call already on an engine keeps the length the engine model
+  planned for it (one call per sample; a live driver would put an estimate there).
+
+The incumbent's fork runs as it is (no swap: the counterfactual of staying); every other candidate
+is swapped in (`apply`, `SchedulingCore.swap`) and is cut once it cannot beat the incumbent by the
+margin in that member. The batch switches to the candidate that beats the incumbent by the margin
+in every member (of those, the lowest worst ratio), the same robust reading as the choice before
+the batch. The baselines are always among the candidates, so the fallback stays reachable by
+construction. A coupled candidate runs as its decoupled equivalent (admission limit min(limit,
+slots): each admitted sample then finds a free slot for every action, as if it held one), because
+the core cannot enter coupled mode with samples admitted beyond the slots.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import pickle
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from agentbatch.scheduling.admission_control import AdmissionController
+from agentbatch.scheduling.admission_order import AdmissionHints, admission_sequence
+from agentbatch.scheduling.core import ADMISSION, PolicySwap
+from agentbatch.scheduling.portfolio import Candidate
+from agentbatch.scheduling.registry import make_priority, make_queue, make_router
+from agentbatch.scheduling.types import SampleProgress
+from agentbatch.sim.portfolio import Member, candidate_config
+from agentbatch.sim.virtual_time.simulation import Checkpoints, SimulationCut, VirtualBatch, VirtualConfig
+from agentbatch.traces.schema import INFERENCE, TraceSample, TraceStep
+
+
+@dataclass(frozen=True)
+class ReplanSettings:
+    """every: checkpoint interval as a share of the incumbent's predicted makespan; margin: the gain
+    over the incumbent every member must predict before the batch switches."""
+
+    every: float = 0.1
+    margin: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not 0 < self.every <= 1 or not 0 <= self.margin < 1:
+            raise ValueError(f"every must be in (0, 1] and margin in [0, 1); got {self.every}, {self.margin}")
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One switch: when, from which candidate to which, and the remainder's predicted makespans
+    (one per member; inf where cut) of both."""
+
+    at_s: float
+    old: str
+    new: str
+    old_predicted: list[float]
+    new_predicted: list[float]
+
+
+@dataclass(frozen=True)
+class Looked:
+    """One checkpoint: the incumbent's predicted makespan per member, how many distinct candidates
+    were simulated, and the switch made (None: none qualified) with its mean predicted ratio."""
+
+    at_s: float
+    incumbent: str
+    stay: list[float]
+    candidates: int
+    switched_to: str | None
+    ratio: float
+
+
+@dataclass
+class Replanner:
+    """Re-plans one running VirtualBatch at its checkpoints (module docstring). `attach` it, run the
+    batch, then read `switches`, `simulations` and the time spent (`cpu_s`, `wall_s`)."""
+
+    members: Sequence[Member]
+    pool: Sequence[Candidate]
+    incumbent: Candidate
+    n_ref: int
+    settings: ReplanSettings = field(default_factory=ReplanSettings)
+    switches: list[Switch] = field(default_factory=list)
+    checkpoints: int = 0
+    simulations: int = 0
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    history: list[Looked] = field(default_factory=list)
+
+    def attach(self, batch: VirtualBatch, predicted_s: float) -> None:
+        """Checkpoints every `settings.every` x `predicted_s` of virtual time."""
+        if not math.isfinite(predicted_s) or predicted_s <= 0:
+            raise ValueError(f"the predicted makespan must be a positive number, got {predicted_s}")
+        batch.checkpoints = Checkpoints(self.settings.every * predicted_s, self)
+
+    def __call__(self, batch: VirtualBatch, now: float) -> None:
+        start, cpu = time.perf_counter(), time.process_time()
+        self.checkpoints += 1
+        try:
+            self._replan(batch, now)
+        finally:
+            self.cpu_s += time.process_time() - cpu
+            self.wall_s += time.perf_counter() - start
+
+    def _replan(self, batch: VirtualBatch, now: float) -> None:
+        snap = Snapshot.of(batch, now)
+        futures = [member_futures(batch, m) for m in self.members]
+        stay = [self._predict(snap, f, m, None, None) for f, m in zip(futures, self.members, strict=True)]
+        best: tuple[float, Candidate, list[float]] | None = None
+        distinct = self._distinct(batch)
+        for c in distinct:
+            preds = self._no_slower(snap, futures, c, stay)
+            if preds is not None:
+                ratio = statistics.fmean(t / s for t, s in zip(preds, stay, strict=True))
+                if ratio <= 1 - self.settings.margin and (best is None or ratio < best[0]):
+                    best = (ratio, c, preds)
+        self.history.append(Looked(now, self.incumbent.name, stay, len(distinct),
+                                   None if best is None else best[1].name, math.nan if best is None else best[0]))
+        if best is not None:
+            _, c, preds = best
+            self.switches.append(Switch(now, self.incumbent.name, c.name, stay, preds))
+            apply(batch, c, now, self.members[0], self.n_ref)
+            self.incumbent = c
+
+    def _distinct(self, batch: VirtualBatch) -> list[Candidate]:
+        """The candidates whose swap would run the rest differently from the incumbent and from each
+        other (the first of each kind, in pool order; `swap_key`)."""
+        state = _state(batch)
+        seen = {swap_key(self.incumbent, batch, self.members[0], self.n_ref, state)}
+        out = []
+        for c in self.pool:
+            key = swap_key(c, batch, self.members[0], self.n_ref, state)
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+        return out
+
+    def _no_slower(self, snap: Snapshot, futures: list[dict[int, TraceSample]], c: Candidate,
+                   stay: list[float]) -> list[float] | None:
+        """The candidate's remainder in every member, or None once it is predicted slower than the
+        incumbent in one, or cannot reach the mean gain any more (each run is cut there; the other
+        members are then not simulated)."""
+        preds: list[float] = []
+        need = len(stay) * (1 - self.settings.margin)  # the sum of its ratios to the incumbent's, at most
+        for k, (f, m, s) in enumerate(zip(futures, self.members, stay, strict=True)):
+            # the last member must also bring the mean gain to the margin (an exact cut)
+            stop = s * min(1.0, need - sum(t / x for t, x in zip(preds, stay, strict=False))) if k == len(stay) - 1 else s
+            t = self._predict(snap, f, m, c, stop)
+            if t > stop:
+                return None
+            preds.append(t)
+        return preds
+
+    def _predict(self, snap: Snapshot, futures: dict[int, TraceSample], member: Member, c: Candidate | None,
+                 stop: float | None) -> float:
+        fork = snap.fork(futures)
+        if c is not None:
+            apply(fork, c, snap.now, member, self.n_ref)
+        self.simulations += 1
+        try:
+            return fork.resume(stop_after_s=stop).makespan_s
+        except SimulationCut:
+            return math.inf
+
+
+# --- forking a running simulation -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Snapshot:
+    """A running VirtualBatch pickled at `now`. The traces, the engine profile, the config and the
+    checkpoint hook are kept by reference (`shared`: they never change while a batch runs), so a
+    copy costs only the state that moves."""
+
+    data: bytes
+    shared: list[Any]
+    now: float
+
+    @classmethod
+    def of(cls, batch: VirtualBatch, now: float) -> Snapshot:
+        shared = [batch.trace, *batch.trace.samples, batch.profile, batch.cfg, batch.checkpoints]
+        index = {id(o): i for i, o in enumerate(shared)}
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+        pickler.persistent_id = lambda o: index.get(id(o))  # type: ignore[method-assign]
+        pickler.dump(batch)
+        return cls(buf.getvalue(), shared, now)
+
+    def fork(self, futures: dict[int, TraceSample]) -> VirtualBatch:
+        """A copy that never re-plans, with these unrevealed futures."""
+        unpickler = pickle.Unpickler(io.BytesIO(self.data))
+        unpickler.persistent_load = self.shared.__getitem__  # type: ignore[method-assign]
+        batch = unpickler.load()
+        assert isinstance(batch, VirtualBatch)
+        batch.checkpoints = None
+        batch.set_futures(futures, self.now)
+        return batch
+
+
+# --- swapping a candidate in ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class _State:
+    waiting: bool  # samples wait for admission
+    queues_matter: bool  # a queue can still hold a waiting ticket
+
+
+def _state(batch: VirtualBatch) -> _State:
+    """With no sample waiting for admission, no more are admitted; and when the admitted ones fit
+    the environment slots and every worker's in-flight limit (each runs one step at a time), no
+    queue ever holds a waiting ticket again: its order decides nothing."""
+    core = batch.core
+    waiting = core.queued()[ADMISSION] > 0
+    admitted = core.admission.in_use
+    fits = admitted <= core.environment.capacity and all(admitted <= p.capacity for p in core.workers.values())
+    return _State(waiting, waiting or not fits or any(core.queued().values()))
+
+
+def swap_key(c: Candidate, batch: VirtualBatch, member: Member, n_ref: int, state: _State) -> tuple[Any, ...]:
+    """What a swap to `c` changes from now on (`_state`): the router, priority and priors; the queues
+    while one can still hold a waiting ticket; and, while samples wait for admission, the admission
+    limit, order and control (with none waiting they decide nothing more: a lower limit stops no
+    admitted sample). Coupled or not is no part of it: a coupled candidate runs as its decoupled
+    equivalent."""
+    cfg = candidate_config(c, batch.cfg, samples=len(batch.trace.samples), n_ref=n_ref, priors=member.priors,
+                           context_priors=member.context_priors)  # fmt: skip
+    key: tuple[Any, ...] = (cfg.router.name, cfg.priority.name, cfg.priors is not None)
+    if state.queues_matter:
+        key += (cfg.env_queue.name, tuple(sorted(cfg.env_queue.params.items())), cfg.inference_queue.name)
+    if state.waiting:
+        adaptive = cfg.admission_control == "adaptive" and not c.coupled
+        key += (switch_target(c, cfg), cfg.admission_order, adaptive, cfg.context_priors is not None)
+    return key
+
+
+def switch_target(c: Candidate, cfg: VirtualConfig) -> int:
+    """The admission limit a candidate runs with from a switch on: a coupled one as its decoupled
+    equivalent, min(limit, slots)."""
+    return min(cfg.max_active, cfg.env_slots) if c.coupled else cfg.max_active
+
+
+def apply(batch: VirtualBatch, c: Candidate, now: float, member: Member, n_ref: int) -> None:
+    """Swap candidate `c`'s policies into the running batch (SchedulingCore.swap) at `now`; the
+    priors are the member's (the history the batch runs with)."""
+    samples = len(batch.trace.samples)
+    cfg = candidate_config(c, batch.cfg, samples=samples, n_ref=n_ref, priors=member.priors,
+                           context_priors=member.context_priors)  # fmt: skip
+    limit = switch_target(c, cfg)
+    for s in batch.all_progress():
+        s.prior_chain_steps = cfg.priors.get(s.task_id) if cfg.priors else None
+    hints = (AdmissionHints(cfg.context_priors, limit, batch.profile.kv_capacity_tokens * cfg.workers)
+             if cfg.context_priors is not None else None)  # fmt: skip
+
+    def order(waiting: list[SampleProgress]) -> list[SampleProgress]:
+        return admission_sequence(waiting, cfg.admission_order, hints)
+
+    adaptive = cfg.admission_control == "adaptive" and not c.coupled
+    router = make_router(cfg.router.name, **cfg.router.params)
+    swap = PolicySwap(
+        coupled=False if batch.core.limits.coupled else None, admission_limit=limit,
+        env_queue=make_queue(cfg.env_queue.name, **cfg.env_queue.params),
+        inference_queues={w: make_queue(cfg.inference_queue.name, **cfg.inference_queue.params) for w in batch.names},
+        router=router, priority=make_priority(cfg.priority.name, **cfg.priority.params), admission_order=order,
+        controller=(AdmissionController(limit) if adaptive else None,),
+    )  # fmt: skip
+    batch.swapped(swap, now)
+
+
+# --- unrevealed futures ---------------------------------------------------------------------------
+def member_futures(batch: VirtualBatch, member: Member) -> dict[int, TraceSample]:
+    """Each unfinished sample's trace with what is not yet revealed taken from `member` (module
+    docstring): sample index -> its new trace."""
+    own = _by_task(member.trace.samples)
+    out: dict[int, TraceSample] = {}
+    for i, (trace, pos, asked) in batch.positions().items():
+        if pos >= len(trace.steps):
+            continue  # its chain has ended: nothing is left to reveal
+        mine = own.get(trace.task_id) or member.trace.samples[i % len(member.trace.samples)]
+        out[i] = future(trace, pos if asked else None, mine, member.trace.samples)
+    return out
+
+
+def _by_task(samples: Sequence[TraceSample]) -> dict[str, TraceSample]:
+    out: dict[str, TraceSample] = {}
+    for s in samples:
+        out.setdefault(s.task_id, s)
+    return out
+
+
+def future(real: TraceSample, pos: int | None, mine: TraceSample, others: Sequence[TraceSample]) -> TraceSample:
+    """`real`'s trace with steps from `pos` on (the step asked for now: its kind and prompt kept)
+    taken from the member: `mine` if it is still running at `pos` with a step of that kind, else the
+    median chain among `others` that is; without one, the sample ends with the step at `pos`.
+    `pos` None: the sample has asked for nothing yet (waiting for admission): all of `mine`."""
+    if pos is None:
+        return replace(real, steps=[replace(st, index=k) for k, st in enumerate(mine.steps)])
+    kind = real.steps[pos].kind
+    tail = _tail(mine, pos, kind) or _median_tail(others, pos, kind) or [_last_step(real.steps[pos], mine)]
+    asked = real.steps[pos]
+    first = replace(tail[0], index=pos, kind=kind, prompt_tokens=asked.prompt_tokens if kind == INFERENCE else None)
+    rest = [replace(st, index=pos + 1 + k) for k, st in enumerate(tail[1:])]
+    return replace(real, steps=[*real.steps[:pos], first, *rest])
+
+
+def _tail(s: TraceSample, pos: int, kind: str) -> list[TraceStep]:
+    return s.steps[pos:] if len(s.steps) > pos and s.steps[pos].kind == kind else []
+
+
+def _median_tail(others: Sequence[TraceSample], pos: int, kind: str) -> list[TraceStep]:
+    running = sorted((s for s in others if _tail(s, pos, kind)), key=lambda s: (len(s.steps), s.index))
+    return _tail(running[len(running) // 2], pos, kind) if running else []
+
+
+def _last_step(asked: TraceStep, mine: TraceSample) -> TraceStep:
+    """A step of the asked kind that ends the chain, with the member's typical duration and length."""
+    same = [st for st in mine.steps if st.kind == asked.kind] or list(mine.steps)
+    duration = statistics.median(st.duration_s or 0.0 for st in same) if same else 0.0
+    out = statistics.median(st.output_tokens or 1 for st in same) if same else 1
+    return TraceStep(index=asked.index, kind=asked.kind, duration_s=duration, prompt_tokens=asked.prompt_tokens,
+                     output_tokens=int(out) if asked.kind == INFERENCE else None,
+                     done=asked.kind != INFERENCE)  # fmt: skip
