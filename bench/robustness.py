@@ -24,6 +24,13 @@ the live run's: a prediction). The last line is
 fallback baseline was not the batch's best, or a non-baseline ran and lost, and in how many the batch
 lies outside every ensemble member (no rule on that ensemble could have known).
 
+`--replan` re-plans while the batch runs (sim/replan.py): the chosen candidate runs on the batch with
+checkpoints every --replan-every of its predicted makespan; at each, every candidate's remainder is
+simulated from the batch's current state with the unrevealed futures drawn from the ensemble members,
+and the batch switches when one is predicted no slower in any member and faster by --replan-margin on
+average. The chosen column is then that re-planned run (each cell also prints the chosen candidate's
+static ratio and the switches), and deciding includes the re-planning's time.
+
 Scale: `--scale f` shrinks the batch (samples x f) and the hardware with it (slots x f, and each
 engine's KV blocks, max_num_seqs and state slots x f; KV never below two 100k-token contexts), so a
 cell keeps the samples-per-slot and samples-per-KV ratios of the full-size regime. The run stops after
@@ -32,7 +39,8 @@ it says how many). `--cells` reruns only the cells whose name (`family/profile/x
 multiple, N the workers; `/sK` for seed K may follow) matches one of its comma-separated shell
 patterns, e.g. `'widesearch_like/*/x4/w1'`.
 Usage: .venv/bin/python bench/robustness.py [--scale 0.05] [--seeds 1] [--families ...] [--cells PATTERNS]
-       [--no-history] [--ensemble 3] [--margin 0.01] [--jobs 2] [--budget-s 540]
+       [--no-history] [--ensemble 3] [--margin 0.01] [--replan [--replan-every 0.1] [--replan-margin 0.02]]
+       [--jobs 2] [--budget-s 540]
 """
 
 from __future__ import annotations
@@ -112,6 +120,7 @@ class CellResult:
     static_s: float = math.nan  # with --replan: the chosen candidate run to its end without re-planning
     switches: str = ""  # with --replan: "at_s:new" for each switch
     checkpoints: int = 0
+    replan_cpu_s: float = 0.0  # with --replan: the re-planning's share of decide_cpu_s
 
     @property
     def ratio(self) -> float:
@@ -176,7 +185,7 @@ def run_cell(cell: Cell) -> CellResult:
     return replace(r, chosen_s=raw, decide_s=r.decide_s + rp.wall_s, decide_cpu_s=r.decide_cpu_s + rp.cpu_s,
                    simulations=r.simulations + rp.simulations, scores_same=len(hindsight.scores) == 1,
                    switches=" ".join(f"{sw.at_s:.0f}s:{sw.new}" for sw in rp.switches), checkpoints=rp.checkpoints,
-                   wall_s=time.perf_counter() - t0)  # fmt: skip
+                   replan_cpu_s=rp.cpu_s, wall_s=time.perf_counter() - t0)  # fmt: skip
 
 
 class _Hindsight:
@@ -234,8 +243,8 @@ def _line(r: CellResult) -> str:
 def _replan_note(r: CellResult) -> str:
     if r.cell.replan is None:
         return ""
-    return (f"  replan: static x{r.static_s / r.baseline_s:.3f} best, {r.checkpoints} checkpoints, "
-            f"switches [{r.switches}]")
+    return (f"  replan: static x{r.static_s / r.baseline_s:.3f} best, {r.checkpoints} checkpoints (cpu "
+            f"{r.replan_cpu_s:.2f}s = {100 * r.replan_cpu_s / r.chosen_s:.2f}%), switches [{r.switches}]")
 
 
 def _geomean(xs: list[float]) -> float:
@@ -404,6 +413,13 @@ def _deciding(results: list[CellResult]) -> None:
           f"makespan in wall time (CPU time: median {100 * statistics.median(cpu):.2f}%, max {100 * cpu[-1]:.2f}%); "
           f"{sum(r.simulations for r in results)} simulations; chosen a baseline in "
           f"{sum(1 for r in results if r.chosen in BASELINE_NAMES)} of {len(results)} cells")  # fmt: skip
+    if results[0].cell.replan is not None:
+        rp = sorted(r.replan_cpu_s / r.chosen_s for r in results)
+        moved = [r.chosen_s / r.static_s for r in results]
+        print(f"# re-planning alone: CPU median {100 * statistics.median(rp):.2f}%, max {100 * rp[-1]:.2f}% of the "
+              f"chosen makespan; {sum(1 for r in results if r.switches)} of {len(results)} cells switched; re-planned / "
+              f"static chosen: geomean {_geomean(moved):.3f}, {sum(1 for x in moved if x < 0.995)} faster, "
+              f"{sum(1 for x in moved if x > 1.005)} slower by >0.5%")  # fmt: skip
 
 
 if __name__ == "__main__":

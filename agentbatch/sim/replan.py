@@ -19,13 +19,22 @@ forked once per ensemble member and per candidate, and each fork simulates the r
   planned for it (one call per sample; a live driver would put an estimate there).
 
 The incumbent's fork runs as it is (no swap: the counterfactual of staying); every other candidate
-is swapped in (`apply`, `SchedulingCore.swap`) and is cut once it cannot beat the incumbent by the
-margin in that member. The batch switches to the candidate that beats the incumbent by the margin
-in every member (of those, the lowest worst ratio), the same robust reading as the choice before
-the batch. The baselines are always among the candidates, so the fallback stays reachable by
-construction. A coupled candidate runs as its decoupled equivalent (admission limit min(limit,
-slots): each admitted sample then finds a free slot for every action, as if it held one), because
-the core cannot enter coupled mode with samples admitted beyond the slots.
+is swapped in (`apply`, `SchedulingCore.swap`). The rule: switch to a candidate that is predicted no
+slower than the incumbent in any member and faster by the margin on average (of those, the fastest
+on average); each candidate's run is cut where it can no longer qualify. Why not "faster by the
+margin in every member", the rule before the batch: at a checkpoint a member whose outcome is fixed
+already (its longest chain has started and nothing can move it) predicts the same makespan for
+every candidate, and would veto every switch; "never predicted slower" keeps the guarantee that a
+switch cannot be predicted to lose anywhere. Only candidates that would run the rest differently are
+simulated (`swap_key`: with no sample waiting for admission the admission limit and order decide
+nothing more, and with every admitted sample fitting the slots no queue's order matters).
+
+The baselines are always candidates, so the fallback stays reachable by construction. A coupled
+candidate runs as its decoupled equivalent (admission limit min(limit, slots): each admitted sample
+then finds a free slot for every action, as if it held one; tests/sim/test_sim_replan.py checks
+that both give the same makespan), because the core cannot enter coupled mode with samples
+admitted beyond the slots. The engines keep the scheduling policy they were launched with (fcfs or
+priority), as a live vLLM does: a swapped priority policy reaches them as request priorities only.
 """
 
 from __future__ import annotations
@@ -52,8 +61,9 @@ from agentbatch.traces.schema import INFERENCE, TraceSample, TraceStep
 
 @dataclass(frozen=True)
 class ReplanSettings:
-    """every: checkpoint interval as a share of the incumbent's predicted makespan; margin: the gain
-    over the incumbent every member must predict before the batch switches."""
+    """every: checkpoint interval as a share of the incumbent's predicted makespan; margin: the mean
+    gain over the incumbent the members must predict before the batch switches (none predicting a
+    loss)."""
 
     every: float = 0.1
     margin: float = 0.02
