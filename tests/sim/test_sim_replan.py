@@ -169,3 +169,20 @@ def test_settings_are_checked():
         ReplanSettings(every=0)
     with pytest.raises(ValueError):
         ReplanSettings(margin=1.0)
+
+
+def test_without_history_futures_come_from_the_sample_at_the_same_position_and_the_batch_ends_whole():
+    trace, base, _ = _case(slots=3)
+    n = len(trace.samples)
+    members = [Member(generate("widesearch_like", n, seed=s, epoch=0)) for s in (21, 22)]
+    c = BY_NAME["decoupled FIFO, all admitted"]
+    cfg = candidate_config(c, base, samples=n, n_ref=max(2, n // 2))
+    static = VirtualBatch(trace, cfg).run()
+    rp = Replanner(members, list(BUILTIN_CANDIDATES), c, max(2, n // 2), ReplanSettings(every=0.25))
+    batch = VirtualBatch(trace, cfg)
+    rp.attach(batch, static.makespan_s)
+    raw = batch.run()
+    assert rp.checkpoints >= 3 and len(rp.history) == rp.checkpoints
+    assert [r[2] for r in raw.samples] == [r[2] for r in static.samples]
+    seen = member_futures(VirtualBatch(trace, cfg), members[0])  # before admission: all of the member's chain
+    assert {i: len(f.steps) for i, f in seen.items()} == {i: len(members[0].trace.samples[i].steps) for i in range(n)}
