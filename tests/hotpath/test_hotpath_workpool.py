@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
+from testkit import run_cli_here
 
 from agentbatch.dashboards.artifacts import store_tag
 from agentbatch.db.store import Store
@@ -181,17 +182,18 @@ def test_work_pool_bad_input_creates_nothing(sqlite_url: str) -> None:
     db = ("--db", sqlite_url)
     missing = sqlite_url.replace("agentbatch.sqlite", "missing.sqlite")
     cases = [
-        (("join", "1", "--db", missing, "--work-pool", pool), {}, "no store at"),
-        (("join", str(batch_id), *db, "--work-pool", "no-such-pool"), {}, "no work pool 'no-such-pool'"),
-        (("join", "999", *db, "--work-pool", pool), {}, "no batch 999"),
-        (("join", str(batch_id), *db, "--work-pool", pool, "--workers", "0"), {}, "--workers: expected"),
-        (("join", str(batch_id), *db, "--workers", "3"), {}, "--workers: only with --work-pool"),
-        (("join", str(batch_id), *db, "--work-pool", pool), {"PREFECT_API_URL": "http://127.0.0.1:9/api"},
-         "does not answer"),
+        (("join", "1", "--db", missing, "--work-pool", pool), "no store at"),
+        (("join", str(batch_id), *db, "--work-pool", "no-such-pool"), "no work pool 'no-such-pool'"),
+        (("join", "999", *db, "--work-pool", pool), "no batch 999"),
+        (("join", str(batch_id), *db, "--work-pool", pool, "--workers", "0"), "--workers: expected"),
+        (("join", str(batch_id), *db, "--workers", "3"), "--workers: only with --work-pool"),
     ]
-    for argv, env, expected in cases:
-        out = cli(*argv, env=env)
+    for argv, expected in cases:
+        out = run_cli_here(list(argv))
         assert out.returncode == 2 and expected in out.stderr, (argv, out.stderr)
+    # Prefect's settings are read once per process: another API in a process of its own
+    out = cli("join", str(batch_id), *db, "--work-pool", pool, env={"PREFECT_API_URL": "http://127.0.0.1:9/api"})
+    assert out.returncode == 2 and "does not answer" in out.stderr, out.stderr
     no_api = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     out = subprocess.run([sys.executable, "-m", "agentbatch.flows.cli", "join", str(batch_id), *db, "--work-pool", pool],
                          env={**no_api, "AGENTBATCH_PREFECT_SERVER": "ephemeral"}, capture_output=True, text=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from testkit import CLI
+from testkit import CLI, run_cli_here
 
 from agentbatch.db.store import Store
 
@@ -107,16 +107,16 @@ def test_plugin_engine_and_unknown_param_through_the_cli(tmp_path: Path) -> None
     """The package's own engine runs (it never answers right: score 0 by group); a mistyped param
     of the plugin workload exits 2 naming it, before any store exists."""
     db_path = tmp_path / "lazy.sqlite"
-    env = {**os.environ, "AGENTBATCH_DB_URL": f"sqlite:///{db_path}"}
+    db_url = f"sqlite:///{db_path}"
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"workload": {"kind": "toolbench", "params": {"tasks_per_suit": 2}}}))
-    refused = cli("run", str(bad), env=env)
+    refused = run_cli_here(["run", str(bad)], db_url)
     assert refused.returncode == 2 and "workload.params.tasks_per_suit" in refused.stderr
     assert not db_path.exists()
 
     lazy = tmp_path / "lazy.yaml"
     lazy.write_text(yaml.safe_dump({"name": "lazy", "workload": {"kind": "toolbench", "params": {"tasks_per_suite": 2}},
                                     "engine": {"kind": "toolbench_lazy"}, "execution": {"mode": "lean"}}))
-    ran = cli("run", str(lazy), "--no-progress", env=env)
+    ran = run_cli_here(["run", str(lazy), "--no-progress"], db_url)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "by group      arith 0.000 (2/2); notes 0.000 (2/2)" in ran.stdout

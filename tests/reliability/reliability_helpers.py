@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import yaml
 from testkit import CLI
@@ -36,32 +32,6 @@ def write_config(tmp_path: Path, cfg: dict[str, Any]) -> Path:
 
 def cli_env(db_url: str, **extra: str) -> dict[str, str]:
     return {**os.environ, "AGENTBATCH_DB_URL": db_url, **extra}
-
-
-def run_cli_here(args: list[str], db_url: str) -> subprocess.CompletedProcess[str]:
-    """`agentbatch ARGS` in this process, for a command whose process is not the point (nothing kills
-    it, nothing runs beside it): what `run_cli` returns, without ~3 s of CPU to start a process.
-    Output goes to files (children it starts, such as stdio MCP servers, write to their descriptors);
-    its log lines go to the captured stderr, as the CLI's own logging setup would send them."""
-    from agentbatch.flows.cli import LOG_FORMAT, main
-
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        handler = logging.StreamHandler(err)
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        root = logging.getLogger()
-        old_level = root.level
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-        try:
-            with mock.patch.dict(os.environ, {"AGENTBATCH_DB_URL": db_url}), \
-                    contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                code = main(list(args))
-        finally:
-            root.removeHandler(handler)
-            root.setLevel(old_level)
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(args, code, out.read(), err.read())
 
 
 def start_cli(args: list[str], db_url: str, **popen: Any) -> subprocess.Popen[str]:

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import bfcl_config, completions, run_cli_here, start_cli, write_config
+from reliability_helpers import bfcl_config, completions, start_cli, write_config
 from sqlalchemy import select
-from testkit import wait_until
+from testkit import run_cli_here, wait_until
 
 from agentbatch.dashboards.eta import STALE_AFTER_S
 from agentbatch.db.models import Sample

@@ -218,7 +218,7 @@ def test_kill_during_external_step_then_resume_refunds_once(tmp_path: Path, sqli
     """The run is killed while a slow remote refund is in flight (the refund already happened); the
     resume flags the step "may have executed", re-runs it with the same idempotency key, and the
     ledger shows one refund."""
-    from reliability_helpers import run_cli_here
+    from testkit import run_cli_here
 
     assert _one(_killed_during(tmp_path, sqlite_url, "slow_cancel", {"reservation": "r1"})["refunds"]) == {"r1": 1}
     resumed = run_cli_here(["resume", "1", "--no-progress"], sqlite_url)
@@ -238,7 +238,7 @@ def test_kill_during_unkeyed_write_stops_the_sample_and_says_so(tmp_path: Path, 
     """A write with no idempotency key and no annotation, applied by the server but not recorded: the
     resume does not apply it again; the sample stops naming the step and the call, `status` and the
     report's summary.json list it, and `retry` holds it until it is acknowledged."""
-    from reliability_helpers import run_cli_here
+    from testkit import run_cli_here
 
     assert _one(_killed_during(tmp_path, sqlite_url, "slow_refund", {"reservation": "r1"})["refunds"]) == {"r1": 1}
     resumed = run_cli_here(["resume", "1", "--no-progress"], sqlite_url)
@@ -267,7 +267,7 @@ def test_kill_during_unkeyed_write_stops_the_sample_and_says_so(tmp_path: Path, 
 def assert_checked_retry_completes(tmp_path: Path, sqlite_url: str, sample_id: int) -> None:
     """`retry --in-flight-checked SAMPLE_ID` through the CLI: the step runs again, the sample completes,
     its flagged step is marked checked (not counted as unchecked, not asked about again)."""
-    from reliability_helpers import run_cli_here
+    from testkit import run_cli_here
 
     checked = run_cli_here(["retry", "1", "--in-flight-checked", str(sample_id), "--no-progress"], sqlite_url)
     assert "retrying 1 failed sample(s)" in checked.stdout, checked.stdout + checked.stderr
@@ -285,7 +285,7 @@ def assert_checked_retry_completes(tmp_path: Path, sqlite_url: str, sample_id: i
 def test_kill_during_idempotent_annotated_call_runs_it_again(tmp_path: Path, sqlite_url: str) -> None:
     """A tool annotated `idempotentHint` (read from list_tools) is safe to repeat: the resume runs the
     step again and the sample completes."""
-    from reliability_helpers import run_cli_here
+    from testkit import run_cli_here
 
     ledger_state = _killed_during(tmp_path, sqlite_url, "slow_set_status", {"reservation": "r1", "status": "cancelled"})
     assert _one(ledger_state["calls"]) == {"r1": 1}
@@ -304,7 +304,7 @@ def test_kill_during_unkeyed_write_the_server_reconciles(tmp_path: Path, sqlite_
     """The same unkeyed write with the workload's reconcile hook (`reconcile_tool`): on resume the
     server says the refund ran, so the step is recorded with the server's result and not executed
     again; the sample completes with one refund."""
-    from reliability_helpers import run_cli_here
+    from testkit import run_cli_here
 
     killed = _killed_during(tmp_path, sqlite_url, "slow_refund", {"reservation": "r1"},
                             reconcile_tool="agentbatch_reconcile")
@@ -328,7 +328,7 @@ def test_kill_during_write_the_server_cannot_reconcile_stops_the_sample(tmp_path
     """The hook answers "cannot tell" (a notification the server keeps no trace of): the sample stops as
     without a hook, the answer in its error; once checked, `retry --in-flight-checked` runs the step
     again without asking."""
-    from reliability_helpers import run_cli_here
+    from testkit import run_cli_here
 
     killed = _killed_during(tmp_path, sqlite_url, "slow_notify", {"reservation": "r1"},
                             reconcile_tool="agentbatch_reconcile")

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from reliability_helpers import run_cli_here
 from sqlalchemy import Engine, MetaData, create_engine, inspect, select, text
+from testkit import run_cli_here
 
 from agentbatch.db import history, metrics_models, models  # noqa: F401  (every table in Base.metadata)
 from agentbatch.db.base import Base

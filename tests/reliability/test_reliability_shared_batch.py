@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from reliability_helpers import bfcl_config, duplicates, run_cli, start_cli, write_config
+from reliability_helpers import bfcl_config, duplicates, start_cli, write_config
+from testkit import run_cli_here
 
 from agentbatch.db.store import Store
 
@@ -56,7 +57,7 @@ def test_run_and_two_joins_each_drive_samples(pg_url: str, tmp_path: Path) -> No
 def test_create_writes_the_batch_and_starts_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'created.sqlite'}"
     path = write_config(tmp_path, bfcl_config("created", limit=3))
-    done = run_cli(["create", str(path)], url)
+    done = run_cli_here(["create", str(path)], url)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "batch 1 created (3 samples)" in done.stdout and "agentbatch join 1" in done.stdout
     store = Store(url)
@@ -64,5 +65,5 @@ def test_create_writes_the_batch_and_starts_nothing(tmp_path: Path) -> None:
     assert [(s.status, s.lease_owner, s.steps_done) for s in store.samples(1)] == [("pending", None, 0)] * 3
     assert store.steps(1) == []
     store.close()
-    bad = run_cli(["create", str(tmp_path / "missing.yaml")], f"sqlite:///{tmp_path / 'none.sqlite'}")
+    bad = run_cli_here(["create", str(tmp_path / "missing.yaml")], f"sqlite:///{tmp_path / 'none.sqlite'}")
     assert bad.returncode == 2 and not (tmp_path / "none.sqlite").exists()

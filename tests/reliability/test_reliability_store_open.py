@@ -8,8 +8,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from reliability_helpers import bfcl_config, run_cli_here
+from reliability_helpers import bfcl_config
 from sqlalchemy import text
+from testkit import run_cli_here
 
 from agentbatch.db.engine import StoreUnavailable
 from agentbatch.db.store import Store
