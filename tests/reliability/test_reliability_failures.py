@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from reliability_helpers import bfcl_config, cli_env, completions, duplicates, run_cli, write_config
-from testkit import CLI, answers, free_port, wait_until
+from testkit import CLI, answers, free_port, run_cli_here, wait_until
 
 from agentbatch.db.store import Store
 
@@ -35,7 +35,9 @@ def faulty_config(name: str, limit: int, **faults: object) -> dict:
     return cfg
 
 
-def run_cli_here(args: list[str], db_url: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run_with_faults(args: list[str], db_url: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """In a process of its own: its blocking tools' threads end with it (asyncio.run would wait for
+    them at exit in the test's process)."""
     env = cli_env(db_url, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([*CLI, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -96,7 +98,7 @@ def test_blocking_tool_does_not_stall_other_samples(tmp_path: Path, sqlite_url: 
     cfg = faulty_config("blocking", 6, block_tasks=1, block_s=8.0, blocking=True, marks_dir=str(marks))
     cfg["engine"]["params"]["timing"]["scale"] = 1.0  # the other samples still run when the tool blocks
     cfg["scheduling"] = {"max_active_samples": 6, "env_slots": 6, "per_worker_inflight": 4}
-    done = run_cli_here(["run", str(write_config(tmp_path, cfg)), "--no-progress"], sqlite_url)
+    done = run_with_faults(["run", str(write_config(tmp_path, cfg)), "--no-progress"], sqlite_url)
     assert done.returncode == 0, done.stdout + done.stderr
     (task_id, window), = _block_marks(marks).items()
     store = Store(sqlite_url)
@@ -116,7 +118,7 @@ def test_step_timeout_ends_a_blocked_step(tmp_path: Path, sqlite_url: str) -> No
     cfg = faulty_config("timeout", 3, block_tasks=1, block_s=60.0, blocking=True, marks_dir=str(marks))
     cfg["limits"] = {"step_timeout_s": 1.0}
     cfg["retries"] = {"environment": 0, "inference": 0, "backoff_s": 0.05}
-    done = run_cli_here(["run", str(write_config(tmp_path, cfg)), "--no-progress"], sqlite_url, timeout=300)
+    done = run_with_faults(["run", str(write_config(tmp_path, cfg)), "--no-progress"], sqlite_url, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     store = Store(sqlite_url)
     batch = store.list_batches()[0]
