@@ -114,6 +114,10 @@ class Replanner:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     history: list[Looked] = field(default_factory=list)
+    _cuts: list[int] = field(default_factory=list, repr=False)  # candidates cut in each member so far
+
+    def __post_init__(self) -> None:
+        self._cuts = [0] * len(self.members)
 
     def attach(self, batch: VirtualBatch, predicted_s: float) -> None:
         """Checkpoints every `settings.every` x `predicted_s` of virtual time."""
@@ -137,7 +141,8 @@ class Replanner:
         best: tuple[float, Candidate, list[float]] | None = None
         distinct = self._distinct(batch)
         for c in distinct:
-            preds = self._no_slower(snap, futures, c, stay)
+            bound = 1 - self.settings.margin if best is None else min(1 - self.settings.margin, best[0])
+            preds = self._no_slower(snap, futures, c, stay, bound)
             if preds is not None:
                 ratio = statistics.fmean(t / s for t, s in zip(preds, stay, strict=True))
                 if ratio <= 1 - self.settings.margin and (best is None or ratio < best[0]):
@@ -164,19 +169,24 @@ class Replanner:
         return out
 
     def _no_slower(self, snap: Snapshot, futures: list[dict[int, TraceSample]], c: Candidate,
-                   stay: list[float]) -> list[float] | None:
+                   stay: list[float], bound: float) -> list[float] | None:
         """The candidate's remainder in every member, or None once it is predicted slower than the
-        incumbent in one, or cannot reach the mean gain any more (each run is cut there; the other
-        members are then not simulated)."""
-        preds: list[float] = []
-        need = len(stay) * (1 - self.settings.margin)  # the sum of its ratios to the incumbent's, at most
-        for k, (f, m, s) in enumerate(zip(futures, self.members, stay, strict=True)):
-            # the last member must also bring the mean gain to the margin (an exact cut)
-            stop = s * min(1.0, need - sum(t / x for t, x in zip(preds, stay, strict=False))) if k == len(stay) - 1 else s
-            t = self._predict(snap, f, m, c, stop)
-            if t > stop:
+        incumbent in one, or its mean ratio to the incumbent can no longer reach `bound` (the margin,
+        or the best candidate's so far): each run is cut there, and the other members are then not
+        simulated. The members where candidates were cut most often run first. The cuts are exact:
+        the switch made is the one the uncut runs would give."""
+        preds = [math.inf] * len(stay)
+        order = sorted(range(len(stay)), key=lambda i: -self._cuts[i])
+        ratios = 0.0
+        for k, i in enumerate(order):
+            # the last member must also bring the mean down to the bound
+            last = k == len(order) - 1
+            stop = stay[i] * (min(1.0, len(stay) * bound - ratios) if last else 1.0)
+            preds[i] = self._predict(snap, futures[i], self.members[i], c, stop)
+            if preds[i] > stop:
+                self._cuts[i] += 1
                 return None
-            preds.append(t)
+            ratios += preds[i] / stay[i]
         return preds
 
     def _predict(self, snap: Snapshot, futures: dict[int, TraceSample], member: Member, c: Candidate | None,
