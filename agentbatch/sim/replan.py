@@ -202,6 +202,28 @@ class Replanner:
 
 
 # --- forking a running simulation -----------------------------------------------------------------
+class _SharedPickler(pickle.Pickler):
+    """Writes the objects in `index` as references to their position (pickle's persistent ids)."""
+
+    def __init__(self, file: io.BytesIO, index: dict[int, int]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._index = index
+
+    def persistent_id(self, obj: Any, /) -> int | None:
+        return self._index.get(id(obj))
+
+
+class _SharedUnpickler(pickle.Unpickler):
+    """Reads those references back as the very objects of `shared`."""
+
+    def __init__(self, file: io.BytesIO, shared: list[Any]) -> None:
+        super().__init__(file)
+        self._shared = shared
+
+    def persistent_load(self, pid: Any, /) -> Any:
+        return self._shared[pid]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """A running VirtualBatch pickled at `now`. The traces, the engine profile, the config and the
@@ -217,16 +239,12 @@ class Snapshot:
         shared = [batch.trace, *batch.trace.samples, batch.profile, batch.cfg, batch.checkpoints]
         index = {id(o): i for i, o in enumerate(shared)}
         buf = io.BytesIO()
-        pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-        pickler.persistent_id = lambda o: index.get(id(o))  # type: ignore[method-assign]
-        pickler.dump(batch)
+        _SharedPickler(buf, index).dump(batch)
         return cls(buf.getvalue(), shared, now)
 
     def fork(self, futures: dict[int, TraceSample]) -> VirtualBatch:
         """A copy that never re-plans, with these unrevealed futures."""
-        unpickler = pickle.Unpickler(io.BytesIO(self.data))
-        unpickler.persistent_load = self.shared.__getitem__  # type: ignore[method-assign]
-        batch = unpickler.load()
+        batch = _SharedUnpickler(io.BytesIO(self.data), self.shared).load()
         assert isinstance(batch, VirtualBatch)
         batch.checkpoints = None
         batch.set_futures(futures, self.now)

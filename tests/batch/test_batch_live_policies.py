@@ -70,7 +70,9 @@ def test_sticky_routing_and_env_limit_live(sqlite_url: str) -> None:
         env = [(s.started_at, s.finished_at) for s in store.steps(batch_id) if s.kind == "environment"]
         assert max_overlap(env) <= ENV_SLOTS
     assert sticky_share(store, sticky) >= 0.9
-    assert sticky_share(store, rr) <= 0.6
+    # round robin over 2 workers keeps a sample on its worker about half the time; over ~80 steps 0.75
+    # is over 4 standard deviations above that (0.6 was under 2: 0.605 on a loaded machine)
+    assert sticky_share(store, rr) <= 0.75
     # both workers share the tool-schema prefix of every task, so round-robin hits too, but less
     assert cache_hit_rate(store, sticky) > cache_hit_rate(store, rr)
     store.close()

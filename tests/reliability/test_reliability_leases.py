@@ -20,9 +20,9 @@ from reliability_helpers import (
     completions,
     duplicates,
     open_store_in_process,
-    run_cli_here,
     start_cli,
 )
+from testkit import run_cli_here
 
 from agentbatch.db.leases import SampleLeases
 from agentbatch.db.store import Store
