@@ -23,12 +23,12 @@ import pandas as pd
 from agentbatch.dashboards.capacity import Capacity, batch_capacity
 from agentbatch.dashboards.frames import BatchData
 from agentbatch.dashboards.timeline import occupancy, time_average
+from agentbatch.db.models import DONE_SAMPLES
 from agentbatch.scheduling.lower_bound import LowerBound, makespan_lower_bound
 
 PHASES = ("inference_queue", "prefill", "decode", "environment_queue", "environment_exec", "retries",
           "orchestration")
 WAIT_PHASES = ("admission", "inference_queue", "environment_queue", "retries", "orchestration")
-DONE_STATES = ("completed", "failed")
 DEAD_GAP_S = 10.0  # this long with no step of any sample queued, running or retrying: the batch was stopped
 
 
@@ -93,7 +93,7 @@ class BatchAnalysis:
 
     @cached_property
     def is_finished(self) -> bool:
-        return bool(len(self.samples)) and bool(self.samples["status"].isin(DONE_STATES).all())
+        return bool(len(self.samples)) and bool(self.samples["status"].isin(DONE_SAMPLES).all())
 
     @cached_property
     def makespan_s(self) -> float | None:

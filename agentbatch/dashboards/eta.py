@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import make_url
 
 from agentbatch.db.leases import dead_drivers
-from agentbatch.db.models import SampleStatus, StepStatus
+from agentbatch.db.models import DONE_SAMPLES, SampleStatus, StepStatus
 from agentbatch.db.store import RemainingSteps, SampleProgress, Store
-
-DONE_STATES = (SampleStatus.COMPLETED, SampleStatus.FAILED)
 
 
 class UnknownBatch(LookupError):
@@ -151,7 +149,7 @@ def estimate_eta(store: Store, batch_id: int, now: float | None = None) -> Eta:
     now = time.time() if now is None else now
     progress = store.sample_progress(batch_id)
     steps = store.step_counts(batch_id)
-    done = sum(progress.counts.get(s, 0) for s in DONE_STATES)
+    done = sum(progress.counts.get(s, 0) for s in DONE_SAMPLES)
     finished = done == progress.total
     eta = Eta(batch_id=batch.id, name=batch.name, status=batch.status, total=progress.total, done=done,
               counts=dict(progress.counts), steps_done=steps.get(StepStatus.COMPLETED, 0),

@@ -34,6 +34,10 @@ class SampleStatus(enum.StrEnum):
     FAILED = "failed"
 
 
+DONE_SAMPLES = (SampleStatus.COMPLETED, SampleStatus.FAILED)  # a sample's chain ended, scored or not
+UNFINISHED_SAMPLES = (SampleStatus.PENDING, SampleStatus.RUNNING)
+
+
 class StepStatus(enum.StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"

@@ -23,6 +23,7 @@ from agentbatch.db.fencing import still_held
 from agentbatch.db.models import (
     IN_FLIGHT_CHECKED,
     MAY_HAVE_EXECUTED,
+    UNFINISHED_SAMPLES,
     Batch,
     BatchStatus,
     Sample,
@@ -73,9 +74,6 @@ class RemainingSteps:
     with_history: int  # of them, those whose task id completed in another batch
     steps: float  # steps left in all
     longest: float  # steps left on the longest chain
-
-
-UNFINISHED_SAMPLES = (SampleStatus.PENDING, SampleStatus.RUNNING)
 
 
 class Store:

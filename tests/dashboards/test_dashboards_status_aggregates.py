@@ -23,9 +23,10 @@ import pytest
 from dashboards_batches import T0, write_batch
 
 from agentbatch.dashboards.checks import stopped_in_flight
-from agentbatch.dashboards.eta import DONE_STATES, estimate_eta
+from agentbatch.dashboards.eta import estimate_eta
 from agentbatch.dashboards.frames import BatchData, load_batch
 from agentbatch.dashboards.groups import GroupScore, group_scores, tallied_group_scores
+from agentbatch.db.models import DONE_SAMPLES
 from agentbatch.db.store import GroupTally, Store
 from agentbatch.protocols.environment import IN_FLIGHT_STOPPED
 
@@ -61,7 +62,7 @@ def mixed_samples(seed: int) -> list[dict[str, Any]]:
         n = 0 if status == "pending" else rng.randint(0 if status == "running" else 1, 8)
         steps = [] if admitted is None else _chain(rng, n, admitted, "running" if status == "running" and
                                                    rng.random() < 0.5 else None)
-        done = status in DONE_STATES
+        done = status in DONE_SAMPLES
         score = rng.choice([1.0, 0.0, 0.5, None, math.nan]) if status == "completed" else None
         out.append(dict(task_id=f"t{rng.randint(0, 14)}", status=status, admitted=admitted, steps=steps,
                         finished=(steps[-1]["fin"] if steps else admitted) if done else None, score=score,
@@ -75,7 +76,7 @@ def reference(store: Store, batch_id: int, earlier_id: int, now: float) -> dict[
     batch as the only other one)."""
     data: BatchData = load_batch(store, batch_id)
     sm, st = data.samples, data.steps
-    done = sm["status"].isin(DONE_STATES)
+    done = sm["status"].isin(DONE_SAMPLES)
     completed_steps = st[st["status"] == "completed"]
     t0 = sm["admitted_at"].min()
     left = sm[~done]
