@@ -22,16 +22,7 @@ from sqlalchemy import make_url
 
 from agentbatch.db.leases import dead_drivers
 from agentbatch.db.models import DONE_SAMPLES, SampleStatus, StepStatus
-from agentbatch.db.store import RemainingSteps, SampleProgress, Store
-
-
-class UnknownBatch(LookupError):
-    """No batch with this id in the store."""
-
-    def __init__(self, batch_id: int, url: str = "") -> None:
-        where = f" in {url}" if url else ""
-        super().__init__(f"no batch with id {batch_id}{where}")
-        self.batch_id = batch_id
+from agentbatch.db.store import RemainingSteps, SampleProgress, Store, UnknownBatch
 
 
 @dataclass

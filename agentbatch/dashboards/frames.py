@@ -13,9 +13,8 @@ from typing import Any
 import pandas as pd
 from sqlalchemy import make_url, select
 
-from agentbatch.dashboards.eta import UnknownBatch as UnknownBatch  # its home: no pandas, for `status`
 from agentbatch.db.models import Sample, Step, Worker
-from agentbatch.db.store import Store
+from agentbatch.db.store import Store, UnknownBatch
 
 SAMPLE_COLUMNS = ("id", "index", "task_id", "status", "steps_done", "score", "admitted_at", "finished_at",
                   "last_worker", "error", "task_group")

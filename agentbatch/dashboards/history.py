@@ -92,7 +92,7 @@ def _num(x: Any) -> float | None:
 
 
 def run_figures(store: Store, batch_id: int) -> RunFigures:
-    """Figures of one run; raises frames.UnknownBatch for an unknown id."""
+    """Figures of one run; raises db.store.UnknownBatch for an unknown id."""
     a = BatchAnalysis(load_batch(store, batch_id))
     row = db_history.ensure_suite_row(store, batch_id)
     scores = task_scores(store, batch_id)
@@ -280,7 +280,7 @@ def _group_deltas(before: RunFigures, after: RunFigures, threshold: float) -> li
 
 def diff_runs(store: Store, before_id: int, after_id: int, *, threshold: float = 0.0,
               makespan_threshold: float | None = None) -> RunDiff:
-    """Compare two runs (normally of one suite); raises frames.UnknownBatch for an unknown id."""
+    """Compare two runs (normally of one suite); raises db.store.UnknownBatch for an unknown id."""
     before, after = run_figures(store, before_id), run_figures(store, after_id)
     sb, sa = task_scores(store, before_id), task_scores(store, after_id)
     regressed, fixed = _task_changes(sb, sa, threshold)

@@ -175,7 +175,7 @@ def write_transcripts(analyses: list[BatchAnalysis], stores: list[Store | None],
 
 def write_report(store: Store, batch_ids: list[int], out_dir: Path) -> Path:
     """Write index.html (+ transcripts, PNGs and summary.json) for the first batch, compared with the
-    others. Returns the path of index.html. Raises frames.UnknownBatch for an unknown id."""
+    others. Returns the path of index.html. Raises db.store.UnknownBatch for an unknown id."""
     if not batch_ids:
         raise ValueError("write_report needs at least one batch id")
     return write_report_for([BatchAnalysis(load_batch(store, b)) for b in batch_ids], out_dir, store=store)

@@ -167,7 +167,7 @@ def summary_from_analysis(a: BatchAnalysis) -> BatchSummary:
 
 
 def summarize(store: Store, batch_id: int) -> BatchSummary:
-    """Figures of one batch; raises frames.UnknownBatch for an unknown id."""
+    """Figures of one batch; raises db.store.UnknownBatch for an unknown id."""
     summary = summary_from_analysis(BatchAnalysis(load_batch(store, batch_id)))
     used = priors_used(store, batch_id)
     summary.priors = used.describe() if used is not None else None

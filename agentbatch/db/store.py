@@ -47,6 +47,15 @@ class StepHistory:
     latest: dict[int, Step] = field(default_factory=dict)  # step index -> its latest attempt
 
 
+class UnknownBatch(LookupError):
+    """No batch with this id in the store."""
+
+    def __init__(self, batch_id: int, url: str = "") -> None:
+        where = f" in {url}" if url else ""
+        super().__init__(f"no batch with id {batch_id}{where}")
+        self.batch_id = batch_id
+
+
 @dataclass(slots=True)
 class SampleProgress:
     """A batch's samples in aggregate (`sample_progress`): what `status` shows without reading each row."""

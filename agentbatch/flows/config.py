@@ -27,7 +27,6 @@ from pydantic import (
     model_validator,
 )
 
-from agentbatch.flows.stored_plugins import plugins_line as plugins_line  # its home, light for `status`
 from agentbatch.protocols import strict_yaml
 from agentbatch.protocols.plugins import Plugin, PluginError, resolve
 from agentbatch.protocols.retry import RetryPolicy

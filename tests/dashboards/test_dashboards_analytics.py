@@ -17,8 +17,9 @@ import pytest
 from dashboards_batches import T0, write_batch
 
 from agentbatch.dashboards.analytics import BatchAnalysis
-from agentbatch.dashboards.frames import UnknownBatch, load_batch
+from agentbatch.dashboards.frames import load_batch
 from agentbatch.dashboards.summary import summarize
+from agentbatch.db.store import UnknownBatch
 
 
 def _analysis(store, batch_id) -> BatchAnalysis:

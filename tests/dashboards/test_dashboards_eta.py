@@ -13,7 +13,7 @@ import pytest
 from dashboards_batches import T0, write_batch
 
 from agentbatch.dashboards.eta import estimate_eta
-from agentbatch.dashboards.frames import UnknownBatch
+from agentbatch.db.store import UnknownBatch
 
 
 def _steps(n: int, start: float, each: float, running: bool = False) -> list[dict]:

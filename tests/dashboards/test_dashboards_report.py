@@ -11,8 +11,9 @@ from PIL import Image
 
 from agentbatch.dashboards.analytics import BatchAnalysis
 from agentbatch.dashboards.compare import check_scores, compare
-from agentbatch.dashboards.frames import UnknownBatch, load_batch
+from agentbatch.dashboards.frames import load_batch
 from agentbatch.dashboards.report import write_report
+from agentbatch.db.store import UnknownBatch
 
 
 def _two(store, scores_b=(1.0, 0.0, 1.0, 1.0), shift=30.0):

@@ -139,7 +139,7 @@ def test_restore_gets_assistant_and_recorded_results_pairs() -> None:
 
 
 def test_plugins_line_says_what_kinds_resolve_to_and_never_raises() -> None:
-    from agentbatch.flows.config import plugins_line
+    from agentbatch.flows.stored_plugins import plugins_line
 
     line = plugins_line({"workload": {"kind": "toolbench"}, "engine": {"kind": "scripted"}})
     assert "workload toolbench -> toolbench.workload:ToolBench" in line

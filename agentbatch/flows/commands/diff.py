@@ -30,10 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.threshold < 0 or (args.makespan_threshold is not None and args.makespan_threshold < 0):
         return fail("--threshold and --makespan-threshold must be 0 or more")
-    from agentbatch.dashboards.frames import UnknownBatch
     from agentbatch.dashboards.history import diff_runs
     from agentbatch.db.history import previous_run
-    from agentbatch.db.store import Store
+    from agentbatch.db.store import Store, UnknownBatch
 
     store = Store(args.db)
     try:

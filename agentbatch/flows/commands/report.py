@@ -91,7 +91,7 @@ def _batch_ids(store: Store) -> list[int]:
 
 def load_others(store: Store, values: list[str], opened: list[Store]) -> list[tuple[Any, Store]]:
     """(BatchAnalysis, its store) for each --compare value; other stores are opened read-only and
-    appended to `opened` (the caller closes them). Raises ValueError or frames.UnknownBatch."""
+    appended to `opened` (the caller closes them). Raises ValueError or db.store.UnknownBatch."""
     from agentbatch.dashboards.analytics import BatchAnalysis
     from agentbatch.dashboards.frames import load_batch
     from agentbatch.db.engine import StoreUnavailable
@@ -127,12 +127,13 @@ def run(args: argparse.Namespace) -> int:
     # Imported here: the CLI loads every command module, and pandas is slow to import.
     from agentbatch.dashboards.analytics import BatchAnalysis
     from agentbatch.dashboards.compare import compare
-    from agentbatch.dashboards.frames import UnknownBatch, load_batch
+    from agentbatch.dashboards.frames import load_batch
     from agentbatch.dashboards.report import default_out_dir
     from agentbatch.dashboards.sections import hints
     from agentbatch.dashboards.summary import summary_from_analysis
+    from agentbatch.db.store import UnknownBatch
     from agentbatch.flows.commands.status import open_store_or_explain
-    from agentbatch.flows.config import plugins_line
+    from agentbatch.flows.stored_plugins import plugins_line
 
     if error := out_dir_error(args.out, "--out"):
         return fail(f"report: {error}")

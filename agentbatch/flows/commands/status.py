@@ -41,8 +41,9 @@ def open_store_or_explain(url: str | None, command: str) -> Store | None:
 def run(args: argparse.Namespace) -> int:
     # Aggregates only, and no pandas: a batch of 10,000 samples answers in well under a second.
     from agentbatch.dashboards.checks import stopped_in_flight
-    from agentbatch.dashboards.eta import UnknownBatch, estimate_eta
+    from agentbatch.dashboards.eta import estimate_eta
     from agentbatch.dashboards.groups import group_line, tallied_group_scores
+    from agentbatch.db.store import UnknownBatch
     from agentbatch.flows.crash_watch import mark_prefect_crashed
     from agentbatch.flows.stored_plugins import plugins_line
     from agentbatch.protocols.environment import IN_FLIGHT_STOPPED
