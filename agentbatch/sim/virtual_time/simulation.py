@@ -272,17 +272,11 @@ class VirtualBatch:
                                inference_queue=config.inference_queue, router=config.router,
                                priority=config.priority, record=config.record_grants,
                                admission_control=config.admission_control)  # fmt: skip
-        self.router = self.core.router
-        if self.core.router.wants_kv_usage:  # as a live router reads vllm:kv_cache_usage_perc from /metrics
-            self.core.load_hook = self._kv_loads
         engine_policy = "fcfs" if isinstance(self.core.priority, FcfsPriority) else "priority"
         factory = engine_factory or _default_engine_factory
         self.engines = [factory(self.profile, n, engine_policy) for n in self.names]
         self._index = {n: i for i, n in enumerate(self.names)}
-        # Adaptive admission reads the engine models' counters (as live reads /metrics); recorded
-        # inference has no engine to measure.
-        if self.core.controller is not None and config.inference == "engine":
-            self.core.engine_counters = self._engine_counters
+        self._wire_core()
         self.busy = [False] * config.workers
         # engines that can run decode-only iterations without an event each (EngineModel.plan_decodes)
         self._fast = all(hasattr(e, "plan_decodes") for e in self.engines)
@@ -564,11 +558,18 @@ class VirtualBatch:
     def swapped(self, swap: PolicySwap, now: float) -> None:
         """Run the rest with other policies (SchedulingCore.swap); the grants it makes start now."""
         self._wake.extend(self.core.swap(swap, now))
+        self._wire_core()
+        self._drain(now)
+
+    def _wire_core(self) -> None:
+        """Connect the core's router and admission controller to the engine models."""
         self.router = self.core.router
+        # as a live router reads vllm:kv_cache_usage_perc from /metrics
         self.core.load_hook = self._kv_loads if self.core.router.wants_kv_usage else None
+        # Adaptive admission reads the engine models' counters (as live reads /metrics); recorded
+        # inference has no engine to measure.
         if self.core.controller is not None and self.cfg.inference == "engine":
             self.core.engine_counters = self._engine_counters
-        self._drain(now)
 
     def _rest_env_s(self) -> list[list[float]]:
         """Per sample and step position p: the environment time its chain still needs after step p
