@@ -256,12 +256,14 @@ def gateway_cpu_s(proc: Any) -> float:
 
 def measure_gateway(tmp: Path, probe: str, worker: str, args: argparse.Namespace, processes: int) -> dict[str, float]:
     db = args.db or f"sqlite:///{tmp / f'gateway-{processes}.sqlite'}"  # one store kind for every count
-    out = {}
+    out = {"inference": (0.0, 0.0), "tools": (0.0, 0.0)}
+    parts = (("inference", lambda: drive_inference(gw, 20, 4)),  # warm-up
+             ("inference", lambda: drive_inference(gw, args.requests, args.clients)),
+             ("tools", lambda: drive_tools(gw, 20, 4)),
+             ("tools", lambda: drive_tools(gw, args.tool_calls, args.clients)))
     with gateway_processes(tmp, worker, probe, processes, db) as (gw, proc):
-        for name, run in (("inference", lambda: drive_inference(gw, 20, 4)),  # warm-up
-                          ("inference", lambda: drive_inference(gw, args.requests, args.clients)),
-                          ("tools", lambda: drive_tools(gw, 20, 4)),
-                          ("tools", lambda: drive_tools(gw, args.tool_calls, args.clients))):
+        # --requests 0 / --tool-calls 0: that part is skipped, warm-up included
+        for name, run in [(n, r) for n, r in parts if (args.requests if n == "inference" else args.tool_calls)]:
             before, wall = gateway_cpu_s(proc), time.perf_counter()
             asyncio.run(run())
             out[name] = (gateway_cpu_s(proc) - before, time.perf_counter() - wall)
@@ -278,10 +280,11 @@ def print_gateway(gws: dict[int, dict[str, float]], args: argparse.Namespace) ->
           "CPU s | ms/call | calls/s per core | wall calls/s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n, gw in gws.items():
-        rates[n] = (args.requests / gw["req_cpu_s"], args.tool_calls / gw["tool_cpu_s"])
-        print(f"| {n} | {args.requests} | {gw['req_cpu_s']:.2f} | {1000 / rates[n][0]:.2f} | {rates[n][0]:.0f} | "
-              f"{args.requests / gw['req_wall_s']:.0f} | {args.tool_calls} | {gw['tool_cpu_s']:.2f} | "
-              f"{1000 / rates[n][1]:.2f} | {rates[n][1]:.0f} | {args.tool_calls / gw['tool_wall_s']:.0f} |")
+        rates[n] = (args.requests / max(gw["req_cpu_s"], 1e-9), args.tool_calls / max(gw["tool_cpu_s"], 1e-9))
+        ms = [f"{1000 / r:.2f}" if r else "n/a" for r in rates[n]]
+        print(f"| {n} | {args.requests} | {gw['req_cpu_s']:.2f} | {ms[0]} | {rates[n][0]:.0f} | "
+              f"{args.requests / max(gw['req_wall_s'], 1e-9):.0f} | {args.tool_calls} | {gw['tool_cpu_s']:.2f} | "
+              f"{ms[1]} | {rates[n][1]:.0f} | {args.tool_calls / max(gw['tool_wall_s'], 1e-9):.0f} |")
     print(f"gateway: {args.clients} clients; the gateway's CPU is that of all its processes; store: "
           f"{'PostgreSQL' if args.db else 'SQLite'}")
     more = "".join(f" ({n} processes: {rates[n][0]:.0f} req, {rates[n][1]:.0f} tool calls)" for n in rates if n != min(rates))
@@ -292,8 +295,8 @@ def print_gateway(gws: dict[int, dict[str, float]], args: argparse.Namespace) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=24, help="samples of the recorded batch per mode")
-    parser.add_argument("--requests", type=int, default=400, help="inference requests through the gateway")
-    parser.add_argument("--tool-calls", type=int, default=400, help="tool calls through the gateway's /mcp")
+    parser.add_argument("--requests", type=int, default=400, help="inference requests through the gateway (0: none)")
+    parser.add_argument("--tool-calls", type=int, default=400, help="tool calls through the gateway's /mcp (0: none)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent gateway clients")
     # steps last: its thousands of Prefect task runs keep the Prefect server busy for a while after the
     # batch, and a batch started then waits seconds for its flow run (wall time, and client CPU retrying)
