@@ -324,10 +324,12 @@ def main() -> int:
         rows = {mode: measure_run(store, trace, workers, mode) for mode in modes}
         store.close()
         counts = [int(n) for n in args.processes.split(",") if n and (int(n) == 1 or args.db)]
-        from gateway_makespan import probe_server
+        gws = {}
+        if counts:  # --processes '': the runner only
+            from gateway_makespan import probe_server
 
-        probe = stack.enter_context(probe_server(tmp))
-        gws = {n: measure_gateway(tmp, probe, workers[0], args, n) for n in counts}
+            probe = stack.enter_context(probe_server(tmp))
+            gws = {n: measure_gateway(tmp, probe, workers[0], args, n) for n in counts}
     print(f"cluster rate: {args.samples} recorded mcp_like samples per mode (8 k-token system prompt, {TOOLS} tool "
           f"schemas) against 2 fake OpenAI-compatible workers that answer at once; SQLite store")
     print(f"machine: {os.cpu_count()} cores, load average before {load[0]:.2f} / after {os.getloadavg()[0]:.2f}")
@@ -335,13 +337,16 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for mode, (wall, cpu, steps) in rows.items():
         print(f"| {mode} | {steps} | {wall:.2f} | {cpu:.2f} | {1000 * cpu / steps:.2f} | {steps / cpu:.0f} |")
-    req_rate, tool_rate, more = print_gateway(gws, args)
+    req, tools, more = "n/a", "n/a", ""
+    if gws:
+        req_rate, tool_rate, more = print_gateway(gws, args)
+        req, tools = f"{req_rate:.0f}", f"{tool_rate:.0f}"
 
     def ms(mode: str) -> str:
         return f"{1000 * rows[mode][1] / rows[mode][2]:.2f}" if mode in rows else "n/a"
 
-    print(f"runner ms/step {ms('chains')} (visible) {ms('lean')} (lean); gateway req/s/core {req_rate:.0f}; "
-          f"tool calls/s/core {tool_rate:.0f}{more}; targets <= 2 / <= 1 ms, >= 1000, >= 2000")
+    print(f"runner ms/step {ms('chains')} (visible) {ms('lean')} (lean); gateway req/s/core {req}; "
+          f"tool calls/s/core {tools}{more}; targets <= 2 / <= 1 ms, >= 1000, >= 2000")
     return 0
 
 
