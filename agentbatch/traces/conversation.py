@@ -9,32 +9,37 @@ one prefix group get the same system text, so real engines see the shared prefix
 from __future__ import annotations
 
 import functools
-import random
-import string
+import threading
 import zlib
-from itertools import islice
 from typing import Any
+
+import numpy as np
 
 from agentbatch.traces.schema import TraceSample, TraceStep
 
-_LETTERS = string.ascii_lowercase
-_TABLE = bytes(range(ord("a"), ord("a") + 26)).ljust(256, b"?")  # 0..25 -> a..z
+_GENERATORS = threading.local()  # one Mersenne Twister per thread (environments may run in threads)
 
 
 @functools.lru_cache(maxsize=64)  # a prefix group's system text, asked for by each of its samples
 def filler(n_tokens: int, key: str) -> str:
     """`n_tokens` one-token words, the same for the same key.
 
-    The text of `rng.choices(_LETTERS, k=4)` per word (the same random() draws, floor(random() * 26)
-    each, in the same order), drawn in C loops: replayed observations are made on the runner's hot path.
+    The text of `random.Random(crc32(key))` drawing `rng.choices(string.ascii_lowercase, k=4)` per
+    word: numpy's legacy generator is the same Mersenne Twister, seeded the same way from a one-word
+    key array, and makes the same doubles, floor(random() * 26) each, in the same order; drawn in
+    bulk, because replayed assistant turns and observations are made on the runner's hot path.
     """
     n = max(0, n_tokens)
-    rand = random.Random(zlib.crc32(key.encode())).random
-    letters = bytes(map(int, map((26.0).__mul__, islice(iter(rand, None), 4 * n)))).translate(_TABLE)
-    out = bytearray(b" " * (5 * n))
-    for i in range(4):
-        out[i + 1::5] = letters[i::4]
-    return out.decode("ascii")
+    rng: np.random.RandomState | None = getattr(_GENERATORS, "rng", None)
+    if rng is None:
+        rng = _GENERATORS.rng = np.random.RandomState(0)
+    rng.seed([zlib.crc32(key.encode())])  # a list: init_by_array, as random.seed(int) does
+    draws = rng.random_sample(4 * n)
+    draws *= 26.0
+    words = np.full((n, 5), ord(" "), dtype=np.uint8)
+    words[:, 1:] = draws.reshape(n, 4)  # truncated: floor for these non-negative values
+    words[:, 1:] += ord("a")
+    return words.tobytes().decode("ascii")
 
 
 def initial_messages(sample: TraceSample) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import string
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -24,3 +25,18 @@ def test_filler_is_the_reference_text(n: int, key: str) -> None:
     text = filler(n, key)
     assert text == reference(n, key)
     assert len(text.split()) == max(0, n) and all(len(w) == 4 for w in text.split())
+
+
+def test_filler_matches_for_many_keys() -> None:
+    """Every seed, not a lucky few: keys whose crc32 spans the 32-bit range."""
+    for i in range(300):
+        key = f"obs/{i}/{i * 7919}"
+        assert filler.__wrapped__(i % 50 + 1, key) == reference(i % 50 + 1, key)
+
+
+def test_filler_from_threads_is_the_reference_text() -> None:
+    """Blocking environments make filler in their own threads: one generator per thread."""
+    keys = [f"obs/t/{i}" for i in range(64)]
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(lambda k: filler.__wrapped__(300, k), keys))
+    assert texts == [reference(300, k) for k in keys]
