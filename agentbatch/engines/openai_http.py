@@ -21,6 +21,7 @@ import aiohttp
 import yaml
 import yarl
 
+from agentbatch.engines.chat_json import request_body
 from agentbatch.protocols.engine import ChatRequest, ChatResult, EngineFailure
 
 
@@ -81,7 +82,7 @@ class OpenAIEngine:
 
     async def complete(self, request: ChatRequest) -> ChatResult:
         start = time.perf_counter()
-        body = json.dumps(self.payload(request), ensure_ascii=False, allow_nan=False).encode()
+        body = request_body(self.payload(request))  # the conversation's prefix encoded once (chat_json.py)
         try:
             async with self._client().post(self.base_url + "/chat/completions", data=body) as resp:
                 status, raw = resp.status, await resp.read()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentbatch.db.step_records import environment_response, inference_response
+from agentbatch.engines.chat_json import Conversation
 from agentbatch.protocols.engine import ChatResult, Message, ToolSchema
 from agentbatch.protocols.environment import EnvReset, EnvResult
 from agentbatch.scheduling.types import StepKind
@@ -32,7 +33,8 @@ class AgentState:
 
     @classmethod
     def start(cls, reset: EnvReset) -> AgentState:
-        return cls(messages=list(reset.messages), tools=list(reset.tools))
+        # a Conversation: an OpenAI-compatible engine encodes each message once (engines/chat_json.py)
+        return cls(messages=Conversation(reset.messages), tools=list(reset.tools))
 
     @property
     def next_kind(self) -> StepKind:

@@ -1,0 +1,76 @@
+"""A chat request's JSON body, each message encoded once per conversation.
+
+A sample's conversation grows by a few messages a step while everything before them (an 8 k-token
+system prompt, every earlier turn) stays as it was, and its tool schemas rarely change. The runner
+keeps its messages in a `Conversation`, which remembers the JSON of the messages and of the tool
+schemas it has encoded, so a request body costs the encoding of the new messages and a join, not a
+`json.dumps` of the whole conversation (bench/cluster_rate.py). The body is byte for byte what
+`json.dumps(payload, ensure_ascii=False, allow_nan=False)` gives.
+
+Messages are not changed once they are in a conversation (the store records them as they were
+appended, too): a message replaced, removed or inserted is noticed (by identity) and encoded again,
+a message dict changed in place is not. Likewise a changed tool set is a new list (`AgentState`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentbatch.protocols.engine import Message, ToolSchema
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+class Conversation(list[Message]):
+    """The messages of one chat, and the JSON of those encoded so far."""
+
+    __slots__ = ("_encoded", "_parts", "_tools", "_tools_json")
+
+    def __init__(self, messages: Any = ()) -> None:
+        super().__init__(messages)
+        self._encoded: list[Message] = []  # the messages whose JSON is in _parts, in order
+        self._parts: list[str] = []
+        self._tools: list[ToolSchema] | None = None  # the tool list whose JSON is _tools_json
+        self._tools_json = ""
+
+    def messages_json(self) -> str:
+        """The JSON array of the messages."""
+        encoded, parts = self._encoded, self._parts
+        keep = 0
+        for old, new in zip(encoded, self, strict=False):  # the prefix encoded before, by identity
+            if old is not new:
+                break
+            keep += 1
+        if keep < len(encoded):  # changed other than by appending: encoded again from there
+            del encoded[keep:], parts[keep:]
+        for message in self[keep:]:
+            parts.append(_dumps(message))
+            encoded.append(message)
+        return "[" + ", ".join(parts) + "]"
+
+    def tools_json(self, tools: list[ToolSchema]) -> str:
+        """The JSON of this conversation's tool list (encoded again when the list is another one)."""
+        if tools is not self._tools:
+            self._tools, self._tools_json = tools, _dumps(tools)
+        return self._tools_json
+
+
+def request_body(payload: dict[str, Any]) -> bytes:
+    """`payload` as JSON bytes; its messages and tools from their `Conversation`'s cache when they
+    are one's."""
+    messages = payload.get("messages")
+    if not isinstance(messages, Conversation):
+        return _dumps(payload).encode()
+    items = []
+    for key, value in payload.items():
+        if value is messages:
+            text = messages.messages_json()
+        elif key == "tools" and isinstance(value, list):
+            text = messages.tools_json(value)
+        else:
+            text = _dumps(value)
+        items.append(f"{_dumps(key)}: {text}")
+    return ("{" + ", ".join(items) + "}").encode()
