@@ -21,7 +21,11 @@ under lock in the group's own transaction (PostgreSQL: `FOR UPDATE`; SQLite: aft
 lock). A write for a sample whose lease was taken over is not applied; it fails with `LeaseLost` for
 its own writer only, the rest of the group commits.
 
-Writes of one sample keep their order: the queue is FIFO and a group applies its sample updates in
+Hand-off: a write is appended to a deque and the thread is woken only when it would otherwise sleep
+past the write's deadline (an awaited write, or the first posted write after an idle spell): under load
+one wake-up takes a whole group, and the event loop never waits on a lock or a thread switch per write.
+
+Writes of one sample keep their order: the deque is FIFO and a group applies its sample updates in
 arrival order (later values win). A group that fails is retried write by write, so one bad row fails
 only its own writer.
 """
@@ -31,10 +35,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import queue
+import math
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -193,7 +197,10 @@ class StepWriter:
         self.errors = 0  # writes that failed (each logged)
         self.fences: Mapping[int, int] = {}  # sample id -> lease token this process holds (db/leases.py)
         self.lost = 0  # writes not applied: their sample's lease was taken over
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._items: deque[_Item] = deque()  # appended by any thread, taken by the writer thread
+        self._wake = threading.Event()
+        self._wakes_at = math.inf  # when the sleeping writer thread wakes by itself (monotonic)
+        self._stopping = False  # close(): take what is queued, commit it, stop
         self._thread: threading.Thread | None = None
         self._closed = False
         # the writer thread's own state
@@ -214,7 +221,8 @@ class StepWriter:
             self._closed = True
             return
         self._closed = True
-        self._queue.put(None)
+        self._stopping = True
+        self._wake.set()
         self._thread.join()
 
     async def aclose(self) -> None:
@@ -255,34 +263,40 @@ class StepWriter:
                 log.debug("step writer closed: a posted write is dropped")
                 return
             raise RuntimeError("the step writer is not running")
-        item.at = time.monotonic()
-        self._queue.put(item)
+        item.at = now = time.monotonic()
+        self._items.append(item)
+        # Read after the append: the thread publishes its wake time before it looks at the deque a
+        # last time, so either it sees this item or this sees the time it will sleep until.
+        if item.urgent or now + self.group_delay_s < self._wakes_at:
+            self._wake.set()
 
     # --- the writer thread --------------------------------------------------------------------------
     def _run(self) -> None:
         pending: list[_Item] = []
-        stop = False
-        while not stop:
-            stop = self._take(pending, self._wait_s(pending))
+        while True:
+            self._wake.clear()  # before taking: a write appended after this sets it again
+            stop = self._take(pending)
             if stop or self._due(pending):
                 self._commit(pending, flush=stop)
                 pending = []
+            if stop:
+                return
+            self._sleep(self._wait_s(pending))
 
-    def _take(self, pending: list[_Item], timeout: float | None) -> bool:
-        """Add what is queued to `pending` (waiting up to `timeout` for the first); True on close."""
-        try:
-            item = self._queue.get(timeout=timeout) if timeout is None or timeout > 0 else self._queue.get_nowait()
-        except queue.Empty:
-            return False
-        while item is not None:
-            pending.append(item)
-            if len(pending) >= self.max_group:
-                return False
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return False
-        return True
+    def _take(self, pending: list[_Item]) -> bool:
+        """Move what is queued to `pending` (at most a group); True once closed and all of it taken."""
+        stopping = self._stopping  # read first: every write queued before close() is in the deque now
+        items = self._items
+        while items and len(pending) < self.max_group:
+            pending.append(items.popleft())
+        return stopping and not items
+
+    def _sleep(self, timeout: float | None) -> None:
+        """Wait until something is due, or a write that cannot wait that long arrives."""
+        self._wakes_at = math.inf if timeout is None else time.monotonic() + timeout
+        if not self._items and (timeout is None or timeout > 0):
+            self._wake.wait(timeout)
+        self._wakes_at = 0.0  # awake: no write needs to wake it
 
     def _wait_s(self, pending: list[_Item]) -> float | None:
         """How long the thread may sleep before something is due (None: until a write arrives)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -186,3 +187,31 @@ def test_closed_writer_refuses(store: Store) -> None:
         writer.record(attempt(1, 1, 0).cancelled())  # posted after close (a late cancellation): dropped
 
     asyncio.run(main())
+
+
+def test_posted_writes_from_many_threads_are_all_committed_in_order(store: Store) -> None:
+    """The hand-off wakes the thread only when a write cannot wait: a posted write after an idle spell
+    is committed without any other write or a close, and writes posted from several threads right
+    before `close` are all committed once, each thread's sample updates in the order it posted them."""
+    bid, sids = new_batch(store, 4)
+    writer = StepWriter(store, group_delay_s=0.01).start()
+    lone = attempt(bid, sids[0], 0)
+    writer.record(lone.completed(outcome(0), steps_done=1))  # the thread sleeps with nothing due: it is woken
+    wait_until(lambda: store.steps(bid), 60, "the lone posted write")
+
+    def post(sid: int) -> None:
+        for index in range(1, 301):
+            step = attempt(bid, sid, index)
+            writer.record(step.begun())
+            writer.record(step.completed(outcome(index), steps_done=index))
+
+    threads = [threading.Thread(target=post, args=(sid,)) for sid in sids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    writer.close()
+    steps = store.steps(bid)
+    assert len(steps) == 1 + 4 * 300 and {s.status for s in steps} == {"completed"}
+    assert len({(s.sample_id, s.index, s.attempt) for s in steps}) == len(steps)  # none written twice
+    assert [s.steps_done for s in store.samples(bid)] == [300] * 4  # the last update of each sample won
