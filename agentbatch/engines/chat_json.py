@@ -19,9 +19,8 @@ from typing import Any
 
 from agentbatch.protocols.engine import Message, ToolSchema
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+# json.dumps(value, ensure_ascii=False, allow_nan=False), without building an encoder per call
+_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
 class Conversation(list[Message]):
