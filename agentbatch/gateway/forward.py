@@ -3,7 +3,9 @@
 The gateway forwards the harness's request body as it came (every field the worker understands
 still works) with three changes: `model` is the chosen worker's model, `priority` is the
 coordinator's chain-progress priority (vLLM `--scheduling-policy priority`), and `user` names the
-sample when the harness did not set it (the simulated server keys its per-sample state on it).
+sample when the harness did not set it (the simulated server keys its per-sample state on it). When
+none of them replaces a value the harness sent, its bytes go out as they came, the missing fields
+appended (`WorkerPool.body_for`).
 """
 
 from __future__ import annotations
@@ -50,30 +52,47 @@ class WorkerPool:
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0))
         return self._session
 
-    async def post(self, worker: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def post(self, worker: str, body: bytes) -> aiohttp.ClientResponse:
         """POST a chat request to the worker; the response is open (read it, or stream it, then release)."""
-        return await self.session().post(self.urls[worker], data=jsonio.dumps(body),
-                                         headers=self._headers[worker])
+        return await self.session().post(self.urls[worker], data=body, headers=self._headers[worker])
 
     @property
     def models(self) -> list[str]:
         return sorted({e.model for e in self.endpoints.values()})
 
-    def body_for(self, worker: str, body: dict[str, Any], *, priority: int | None, user: str) -> dict[str, Any]:
-        out = dict(body)
-        out["model"] = self.endpoints[worker].model
+    def body_for(self, worker: str, body: dict[str, Any], *, priority: int | None, user: str,
+                 raw: bytes | None = None) -> bytes:
+        """The request for `worker`. `raw`: the harness's bytes of `body` when keys can be appended to
+        them (`jsonio.loads_passable`); they are passed on as they came when no field the gateway sets
+        replaces a different value in them (the fields it lacks appended), else `body` is serialised."""
+        fields: dict[str, Any] = {"model": self.endpoints[worker].model}
         if priority is not None:
-            out["priority"] = priority
-        out.setdefault("user", user)
-        if out.get("stream"):
+            fields["priority"] = priority
+        if "user" not in body:
+            fields["user"] = user
+        if body.get("stream"):
             # Usage comes only in a last chunk the client asks for; the gateway always asks
             # (and drops that chunk again when the client did not).
-            out["stream_options"] = {**(out.get("stream_options") or {}), "include_usage": True}
-        return out
+            fields["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        added = {k: v for k, v in fields.items() if not _same(body.get(k, _MISSING), v)}
+        if raw is not None and not any(k in body for k in added):
+            return jsonio.add_keys(raw, added)
+        return jsonio.dumps({**body, **fields})
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+_MISSING = object()
+
+
+def _same(sent: Any, value: Any) -> bool:
+    """The harness sent this very value (of the same JSON type: `true` is not `1`)."""
+    if isinstance(value, dict):
+        return isinstance(sent, dict) and sent.keys() == value.keys() and all(
+            _same(sent[k], v) for k, v in value.items())
+    return type(sent) is type(value) and sent == value
 
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)  # the worker unreachable or gone mid-answer

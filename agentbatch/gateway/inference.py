@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from agentbatch.db.step_records import inference_request
 from agentbatch.gateway import jsonio
@@ -59,7 +61,7 @@ def request_record(sample: GatewaySample, body: dict[str, Any], priority: int | 
     return inference_request(messages, tools, priority, messages_from=start, with_tools=changed)
 
 
-async def _send(state: GatewayState, held: HeldSlot, body: dict[str, Any],
+async def _send(state: GatewayState, held: HeldSlot, body: bytes,
                 record: dict[str, Any]) -> tuple[aiohttp.ClientResponse | None, Answer | None, str | None]:
     """POST to the chosen worker (the response left open, to be read or streamed); connection errors
     and HTTP 5xx are engine failures, retried by the one retry rule (`protocols/retry.py`); every
@@ -198,20 +200,22 @@ def body_error(body: Any) -> str | None:
     return None
 
 
-async def _read_body(request: Request) -> dict[str, Any] | Response:
+def _read_body(raw: bytes) -> tuple[dict[str, Any], bytes | None] | Response:
+    """The request's JSON object, and its bytes when they can be passed on as they are
+    (`jsonio.loads_passable`)."""
     try:
-        body = jsonio.loads(await request.body())
+        body, passable = jsonio.loads_passable(raw)
     except (ValueError, UnicodeDecodeError):
         return error_response(400, "request body is not JSON")
     if error := body_error(body):
         return error_response(400, error)
-    return body
+    return body, raw if passable else None
 
 
-async def _forward(state: GatewayState, held: HeldSlot, body: dict[str, Any]) -> Response:
+async def _forward(state: GatewayState, held: HeldSlot, body: dict[str, Any], raw: bytes | None) -> Response:
     sample, worker = held.sample, held.ticket.worker or ""
     priority = state.coordinator.request_priority(sample.progress)
-    forward = state.pool.body_for(worker, body, priority=priority, user=sample.key)
+    forward = state.pool.body_for(worker, body, priority=priority, user=sample.key, raw=raw)
     resp, last, error = await _send(state, held, forward, request_record(sample, body, priority))
     if error is not None:  # retries ran out: the attempts are recorded as failed
         _done(state, held, completed=False)
@@ -224,33 +228,58 @@ async def _forward(state: GatewayState, held: HeldSlot, body: dict[str, Any]) ->
     return await _answer(state, held, resp)
 
 
-def chat_completions(state: GatewayState) -> Callable[[Request], Any]:
-    async def handle(request: Request) -> Response:
-        body = await _read_body(request)
-        if isinstance(body, Response):
-            return body
-        try:
-            explicit = explicit_inference_id(request.headers, body)
-        except SampleIdError as exc:
-            return error_response(400, str(exc))
-        sample = await state.registry.enter(explicit, body["messages"])
-        try:
-            held = await acquire_step(state, sample, StepKind.INFERENCE)
-        except BaseException:
-            state.registry.leave_request(sample, completed=False)
-            raise
-        try:
-            return await _forward(state, held, body)
-        except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen input: the slots go back, a 500
-            log.exception("gateway request of sample %r failed", sample.key)
-            abandon_step(state, held, f"gateway error: {exc.__class__.__name__}: {exc}")
-            return error_response(500, f"the gateway failed on this request: {exc.__class__.__name__}",
-                                  "InternalServerError")
-        except BaseException:
-            abandon_step(state, held, "cancelled: the request was cut off", cancelled=True)
-            raise
+class ChatCompletions:
+    """POST /v1/chat/completions as a plain ASGI app: no Request object or endpoint wrapper per request
+    on the gateway's hottest path."""
 
-    return handle
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = await _request_body(receive)
+        if raw is None:  # the client went away before its body was in
+            return
+        response = await chat_completion(self.state, Headers(scope=scope), raw)
+        await response(scope, receive, send)
+
+
+async def _request_body(receive: Receive) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def chat_completion(state: GatewayState, headers: Headers, raw: bytes) -> Response:
+    """One chat request: identified, admitted, given a worker slot, forwarded, answered."""
+    parsed = _read_body(raw)
+    if isinstance(parsed, Response):
+        return parsed
+    body, raw_out = parsed
+    try:
+        explicit = explicit_inference_id(headers, body)
+    except SampleIdError as exc:
+        return error_response(400, str(exc))
+    sample = await state.registry.enter(explicit, body["messages"])
+    try:
+        held = await acquire_step(state, sample, StepKind.INFERENCE)
+    except BaseException:
+        state.registry.leave_request(sample, completed=False)
+        raise
+    try:
+        return await _forward(state, held, body, raw_out)
+    except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen input: the slots go back, a 500
+        log.exception("gateway request of sample %r failed", sample.key)
+        abandon_step(state, held, f"gateway error: {exc.__class__.__name__}: {exc}")
+        return error_response(500, f"the gateway failed on this request: {exc.__class__.__name__}",
+                              "InternalServerError")
+    except BaseException:
+        abandon_step(state, held, "cancelled: the request was cut off", cancelled=True)
+        raise
 
 
 def finish_sample(state: GatewayState) -> Callable[[Request], Any]:
@@ -321,7 +350,7 @@ def routes(state: GatewayState, on_finish_batch: Callable[[], None]) -> list[Rou
         return JSONResponse({"batch_id": state.batch_id, "finishing": True})
 
     return [
-        Route("/v1/chat/completions", chat_completions(state), methods=["POST"]),
+        Route("/v1/chat/completions", ChatCompletions(state), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from agentbatch.engines.sim_server import running_sim_server
+from agentbatch.gateway import jsonio
 from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
 
 
@@ -16,11 +18,43 @@ def test_url_credentials_beside_an_api_key_reach_the_worker() -> None:
         assert "pw-FORWARD" not in pool.urls["w"]
 
         async def ask() -> int:
-            response = await pool.post("w", {"model": "tiny-cpu", "max_tokens": 2,
-                                             "messages": [{"role": "user", "content": "hi"}]})
+            response = await pool.post("w", jsonio.dumps({"model": "tiny-cpu", "max_tokens": 2,
+                                                         "messages": [{"role": "user", "content": "hi"}]}))
             async with response:
                 status = response.status
             await pool.aclose()
             return status
 
         assert asyncio.run(ask()) == 200
+
+
+def _canonical(value: object) -> str:
+    return json.dumps(value, sort_keys=True)  # `true` and `1` differ here, not in ==
+
+
+def test_the_forwarded_body_is_the_harness_body_with_the_gateways_fields() -> None:
+    """Whether the harness's bytes are passed on with the gateway's fields appended or the body is
+    serialised again, the worker gets the harness's body with `model` set to its own, the priority,
+    `user` when the harness gave none, and usage asked for when it streams."""
+    pool = WorkerPool([WorkerEndpoint(name="w", base_url="http://127.0.0.1:9/v1", model="m")])
+    messages = [{"role": "user", "content": "caf\u00e9 \u2603"}]
+    bodies = [
+        {"model": "m", "messages": messages, "user": "u", "x_extra": {"a": [1, 2.5, None]}},  # passed on
+        {"model": "other", "messages": messages},  # the model replaced: serialised again
+        {"messages": messages, "priority": True, "user": None},  # `true` is not the priority 1
+        {"model": "m", "messages": messages, "stream": True},
+        {"model": "m", "messages": messages, "stream": True, "stream_options": {"include_usage": True}},
+        {"model": "m", "messages": messages, "stream": True, "stream_options": {"include_usage": 1, "x": 2}},
+    ]
+    for body in bodies:
+        for raw in (json.dumps(body, ensure_ascii=False).encode(), b" " + json.dumps(body).encode() + b"\n"):
+            parsed, passable = jsonio.loads_passable(raw)
+            sent = pool.body_for("w", parsed, priority=1, user="s", raw=raw if passable else None)
+            expected = {**body, "model": "m", "priority": 1}
+            expected.setdefault("user", "s")
+            if body.get("stream"):
+                expected["stream_options"] = {**body.get("stream_options", {}), "include_usage": True}
+            assert _canonical(json.loads(sent)) == _canonical(expected), body
+    raw = json.dumps(bodies[0]).encode()
+    assert pool.body_for("w", json.loads(raw), priority=None, user="s", raw=raw) is raw  # nothing to change
+    assert pool.body_for("w", json.loads(raw), priority=1, user="s", raw=raw).startswith(raw[:-1])
