@@ -12,43 +12,44 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from agentbatch.db.models import Batch, Sample, SampleStatus
 from agentbatch.db.step_records import SampleRef
+
+_SAMPLES = Sample.metadata.tables[Sample.__tablename__]
 
 
 def add_sample(session: Session, ref: SampleRef, batch_id: int, task_id: str,
                task: dict[str, Any] | None = None) -> int:
     """Append a sample to a running batch (index = one past the last); sets and returns its row id.
     It stays `pending` until admitted. Under a lock on the batch row: gateway processes that serve one
-    batch together append rows at the same time, and the index is unique in the batch."""
+    batch together append rows at the same time, and the index is unique in the batch. Written as
+    one INSERT (no ORM unit of work): a gateway appends a row for every sample it sees."""
     session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
     last = session.scalar(select(func.max(Sample.index)).where(Sample.batch_id == batch_id))
-    sample = Sample(batch_id=batch_id, index=(-1 if last is None else last) + 1, task_id=task_id,
-                    task=task or {}, status=SampleStatus.PENDING)
-    session.add(sample)
-    session.flush()
-    ref.id = sample.id
-    return sample.id
+    ref.id = session.execute(insert(_SAMPLES).values(
+        batch_id=batch_id, index=(-1 if last is None else last) + 1, task_id=task_id, task=task or {},
+        status=SampleStatus.PENDING).returning(_SAMPLES.c.id)).scalar_one()
+    return ref.id
 
 
 def admit_sample_at(session: Session, ref: SampleRef, at: float) -> None:
     """The sample runs from `at` (first admission), or again after it ended (answer, idle timeout)."""
-    session.execute(update(Sample).where(Sample.id == ref.row_id).values(
-        status=SampleStatus.RUNNING, admitted_at=func.coalesce(Sample.admitted_at, at), finished_at=None))
+    session.execute(update(_SAMPLES).where(_SAMPLES.c.id == ref.row_id).values(
+        status=SampleStatus.RUNNING, admitted_at=func.coalesce(_SAMPLES.c.admitted_at, at), finished_at=None))
 
 
 def end_sample(session: Session, ref: SampleRef, at: float, *, score: float | None,
                result: dict[str, Any] | None, error: str | None = None) -> None:
     """Mark a sample ended; a score or result given earlier is kept when none is given now."""
-    sample = session.get_one(Sample, ref.row_id)
-    sample.status = SampleStatus.FAILED if error else SampleStatus.COMPLETED
-    sample.finished_at = at
+    values: dict[str, Any] = {"status": SampleStatus.FAILED if error else SampleStatus.COMPLETED, "finished_at": at}
     if score is not None:
-        sample.score = score
+        values["score"] = score
     if result is not None:
-        sample.result = {**(sample.result or {}), **result}
+        earlier = session.execute(select(_SAMPLES.c.result).where(_SAMPLES.c.id == ref.row_id)).scalar_one()
+        values["result"] = {**(earlier or {}), **result}
     if error is not None:
-        sample.error = error
+        values["error"] = error
+    session.execute(update(_SAMPLES).where(_SAMPLES.c.id == ref.row_id).values(values))

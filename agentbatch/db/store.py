@@ -85,6 +85,19 @@ class RemainingSteps:
     longest: float  # steps left on the longest chain
 
 
+
+def chain_length_means(session: Session, task_ids: Collection[str], exclude_batch_id: int) -> dict[str, float]:
+    """Mean recorded chain length (steps) of each of `task_ids` over the completed samples of the other
+    batches, in the caller's transaction."""
+    q = (
+        select(Sample.task_id, func.avg(Sample.steps_done))
+        .where(Sample.task_id.in_(task_ids), Sample.batch_id != exclude_batch_id,
+               Sample.status == SampleStatus.COMPLETED)
+        .group_by(Sample.task_id)
+    )
+    return {task_id: float(avg) for task_id, avg in session.execute(q)}
+
+
 class Store:
     def __init__(self, url: str | None = None, *, create: bool = True, read_only: bool = False) -> None:
         """`read_only`: for commands that only read (status, report): never creates a file, a table
@@ -204,14 +217,8 @@ class Store:
         ids = list(set(task_ids))
         out: dict[str, float] = {}
         for i in range(0, len(ids), 500):  # keep IN lists short for SQLite's variable limit
-            q = (
-                select(Sample.task_id, func.avg(Sample.steps_done))
-                .where(Sample.task_id.in_(ids[i : i + 500]), Sample.batch_id != exclude_batch_id,
-                       Sample.status == SampleStatus.COMPLETED)
-                .group_by(Sample.task_id)
-            )
             with self.session() as s:
-                out.update({task_id: float(avg) for task_id, avg in s.execute(q)})
+                out.update(chain_length_means(s, ids[i : i + 500], exclude_batch_id))
         return out
 
     def status_counts(self, batch_id: int) -> dict[str, int]:

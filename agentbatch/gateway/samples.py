@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from agentbatch.db import gateway_records as records
 from agentbatch.db.step_records import SampleRef
-from agentbatch.db.store import Store
+from agentbatch.db.store import chain_length_means
 from agentbatch.db.writer import StepWriter
 from agentbatch.gateway.identity import ConversationTree
 from agentbatch.scheduling.types import SampleProgress
@@ -68,12 +68,12 @@ class GatewaySample:
         return index
 
 
-def _create(session: Session, store: Store, batch_id: int, sample: GatewaySample) -> None:
+def _create(session: Session, batch_id: int, sample: GatewaySample) -> None:
     """Write the sample's row; look up its mean chain length in earlier batches (the key as task
-    id), which later priorities use (its first request goes out without it)."""
+    id), which later priorities use (its first request goes out without it). In the writer's
+    transaction: no connection of its own per sample."""
     records.add_sample(session, sample.row, batch_id, sample.key, {"gateway": True})
-    sample.progress.prior_chain_steps = store.prior_chain_lengths([sample.key], exclude_batch_id=batch_id).get(
-        sample.key)
+    sample.progress.prior_chain_steps = chain_length_means(session, [sample.key], batch_id).get(sample.key)
 
 
 class SampleRegistry:
@@ -107,7 +107,7 @@ class SampleRegistry:
             sample = GatewaySample(key=key, row=SampleRef(), last_active=self.clock(),
                                    progress=SampleProgress(sample_id=seq, task_id=key, arrival_seq=seq))
             self.samples[key] = sample
-            self.recorder.submit(_create, self.recorder.store, self.batch_id, sample)
+            self.recorder.submit(_create, self.batch_id, sample)
         return sample
 
     async def enter(self, key: str | None, messages: list[Any] | None = None) -> GatewaySample:
