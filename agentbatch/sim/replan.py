@@ -27,7 +27,8 @@ already (its longest chain has started and nothing can move it) predicts the sam
 every candidate, and would veto every switch; "never predicted slower" keeps the guarantee that a
 switch cannot be predicted to lose anywhere. Only candidates that would run the rest differently are
 simulated (`swap_key`: with no sample waiting for admission the admission limit and order decide
-nothing more, and with every admitted sample fitting the slots no queue's order matters).
+nothing more, with every admitted sample fitting the slots no queue's order matters, with one worker
+no router, and engines launched "fcfs" ignore the priority policy).
 
 The baselines are always candidates, so the fallback stays reachable by construction. A coupled
 candidate runs as its decoupled equivalent (admission limit min(limit, slots): each admitted sample
@@ -158,7 +159,7 @@ class Replanner:
     def _distinct(self, batch: VirtualBatch) -> list[Candidate]:
         """The candidates whose swap would run the rest differently from the incumbent and from each
         other (the first of each kind, in pool order; `swap_key`)."""
-        state = _state(batch)
+        state = swap_state(batch)
         seen = {swap_key(self.incumbent, batch, self.members[0], self.n_ref, state)}
         out = []
         for c in self.pool:
@@ -258,7 +259,7 @@ class _State:
     queues_matter: bool  # a queue can still hold a waiting ticket
 
 
-def _state(batch: VirtualBatch) -> _State:
+def swap_state(batch: VirtualBatch) -> _State:
     """With no sample waiting for admission, no more are admitted; and when the admitted ones fit
     the environment slots and every worker's in-flight limit (each runs one step at a time), no
     queue ever holds a waiting ticket again: its order decides nothing."""
@@ -270,19 +271,27 @@ def _state(batch: VirtualBatch) -> _State:
 
 
 def swap_key(c: Candidate, batch: VirtualBatch, member: Member, n_ref: int, state: _State) -> tuple[Any, ...]:
-    """What a swap to `c` changes from now on (`_state`): the router, priority and priors; the queues
-    while one can still hold a waiting ticket; and, while samples wait for admission, the admission
-    limit, order and control (with none waiting they decide nothing more: a lower limit stops no
-    admitted sample). Coupled or not is no part of it: a coupled candidate runs as its decoupled
-    equivalent."""
+    """What a swap to `c` changes from now on (`swap_state`), each part only where it can decide something:
+    the router with more than one worker (with one, every router routes there); the priority policy
+    where the engines schedule by priority (engines launched "fcfs" ignore request priorities); the
+    queues while one can still hold a waiting ticket; and, while samples wait for admission, the
+    admission limit, order and control (with none waiting they decide nothing more: a lower limit
+    stops no admitted sample). The priors count where a part that reads them does (the queues, the
+    priority, an admission order other than arrival), the context priors only for the "kv_balanced"
+    order. Coupled or not is no part of it: a coupled candidate runs as its decoupled equivalent."""
     cfg = candidate_config(c, batch.cfg, samples=len(batch.trace.samples), n_ref=n_ref, priors=member.priors,
                            context_priors=member.context_priors)  # fmt: skip
-    key: tuple[Any, ...] = (cfg.router.name, cfg.priority.name, cfg.priors is not None)
+    priors = cfg.priors is not None
+    key: tuple[Any, ...] = (cfg.router.name if len(batch.names) > 1 else None,)
+    if batch.engine_policy == "priority":
+        key += (cfg.priority.name, priors)
     if state.queues_matter:
-        key += (cfg.env_queue.name, tuple(sorted(cfg.env_queue.params.items())), cfg.inference_queue.name)
+        key += (cfg.env_queue.name, tuple(sorted(cfg.env_queue.params.items())), cfg.inference_queue.name, priors)
     if state.waiting:
         adaptive = cfg.admission_control == "adaptive" and not c.coupled
-        key += (switch_target(c, cfg), cfg.admission_order, adaptive, cfg.context_priors is not None)
+        order = "arrival" if cfg.admission_order == "trace" else cfg.admission_order
+        key += (switch_target(c, cfg), order, adaptive, priors and order != "arrival",
+                cfg.context_priors is not None and order == "kv_balanced")
     return key
 
 

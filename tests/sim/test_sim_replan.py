@@ -12,7 +12,16 @@ import pytest
 from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES, Candidate
 from agentbatch.sim.portfolio import Member, candidate_config
 from agentbatch.sim.profiles import get_profile
-from agentbatch.sim.replan import Replanner, ReplanSettings, Snapshot, apply, future, member_futures
+from agentbatch.sim.replan import (
+    Replanner,
+    ReplanSettings,
+    Snapshot,
+    apply,
+    future,
+    member_futures,
+    swap_key,
+    swap_state,
+)
 from agentbatch.sim.virtual_time import VirtualBatch, VirtualConfig
 from agentbatch.sim.virtual_time.simulation import Checkpoints, context_priors
 from agentbatch.traces import chain_priors, generate
@@ -133,6 +142,39 @@ def test_a_coupled_candidate_runs_as_its_decoupled_equivalent():
         cfg = _config(c, base, member, len(trace.samples))
         twin = replace(cfg, coupled=False, max_active=min(cfg.max_active, cfg.env_slots))
         assert VirtualBatch(trace, cfg).run().makespan_s == VirtualBatch(trace, twin).run().makespan_s
+
+
+@pytest.mark.parametrize(("start", "workers"), [("coupled at S*1", 1), ("defaults", 1), ("defaults", 2),
+                                               ("decoupled FIFO, all admitted", 2)])
+def test_candidates_that_share_a_swap_key_run_the_rest_alike(start, workers):
+    # what the re-planner simulates once for all of them: one worker makes the router no part of it,
+    # engines launched "fcfs" the priority policy, an arrival order the priors; two sequences per
+    # engine make requests wait there, where a priority policy would order them
+    trace, base, member = _case(slots=3, workers=workers)
+    base = replace(base, profile_overrides={"max_num_seqs": 2})
+    n, n_ref = len(trace.samples), max(2, len(trace.samples) // 2)
+    cfg = _config(BY_NAME[start], base, member, n)
+    whole = VirtualBatch(trace, cfg).run().makespan_s
+    shared: list[int] = []
+
+    def swap_each(batch: VirtualBatch, now: float) -> None:
+        snap, futures, state = Snapshot.of(batch, now), member_futures(batch, member), swap_state(batch)
+        groups: dict[tuple[object, ...], list[Candidate]] = {}
+        for c in BUILTIN_CANDIDATES:
+            groups.setdefault(swap_key(c, batch, member, n_ref, state), []).append(c)
+        for group in groups.values():
+            ends = set()
+            for c in group:
+                fork = snap.fork(futures)
+                apply(fork, c, now, member, n_ref)
+                ends.add(fork.resume().makespan_s)
+            assert len(ends) == 1, [c.name for c in group]
+        shared.append(len(BUILTIN_CANDIDATES) - len(groups))
+
+    batch = VirtualBatch(trace, cfg)
+    batch.checkpoints = Checkpoints(whole / 4, swap_each)
+    batch.run()
+    assert len(shared) >= 3 and all(k > 0 for k in shared)  # candidates did share a key at every checkpoint
 
 
 def test_the_replanner_switches_to_a_candidate_predicted_faster_and_the_batch_gains():

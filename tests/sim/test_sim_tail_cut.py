@@ -14,14 +14,15 @@ from agentbatch.sim.virtual_time import VirtualBatch, VirtualConfig
 from agentbatch.sim.virtual_time.simulation import SimulationCut
 from agentbatch.traces import generate
 
-CASES = [("swe_like", 12, 2, 1), ("widesearch_like", 10, 3, 2), ("mcp_like", 14, 4, 1)]
+CASES = [("swe_like", 12, 2, 1, "engine"), ("widesearch_like", 10, 3, 2, "engine"), ("mcp_like", 14, 4, 1, "engine"),
+         ("widesearch_like", 10, 3, 2, "recorded")]
 PICK = ("coupled at S*0.5", "decoupled FIFO, all admitted", "defaults")
 
 
-@pytest.mark.parametrize(("family", "n", "slots", "workers"), CASES)
-def test_a_cut_never_hits_a_run_that_ends_by_its_stop(family, n, slots, workers):
+@pytest.mark.parametrize(("family", "n", "slots", "workers", "inference"), CASES)
+def test_a_cut_never_hits_a_run_that_ends_by_its_stop(family, n, slots, workers, inference):
     trace = generate(family, n, seed=3, epoch=0)
-    base = VirtualConfig(workers=workers, profile=get_profile("llama3-8b-h100"), env_slots=slots)
+    base = VirtualConfig(workers=workers, profile=get_profile("llama3-8b-h100"), env_slots=slots, inference=inference)
     for c in (c for c in BUILTIN_CANDIDATES if c.name in PICK):
         cfg = candidate_config(c, base, samples=n, n_ref=max(2, n // 2))
         makespan = VirtualBatch(trace, cfg).run().makespan_s

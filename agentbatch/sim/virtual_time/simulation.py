@@ -166,6 +166,7 @@ class _Span:
 
 
 _TAIL_CHECK_EVERY = 64  # events between two checks of the tail bound in a run that can be cut
+_BOUND_SHARE = 0.999  # of each step's least time the tail bound counts (VirtualBatch._rest_s)
 
 
 class SimulationCut(Exception):
@@ -272,9 +273,14 @@ class VirtualBatch:
                                inference_queue=config.inference_queue, router=config.router,
                                priority=config.priority, record=config.record_grants,
                                admission_control=config.admission_control)  # fmt: skip
-        engine_policy = "fcfs" if isinstance(self.core.priority, FcfsPriority) else "priority"
+        # the engines' scheduling policy, fixed at launch (a swapped priority policy reaches them as
+        # request priorities only, which "fcfs" engines ignore)
+        self.engine_policy = "fcfs" if isinstance(self.core.priority, FcfsPriority) else "priority"
         factory = engine_factory or _default_engine_factory
-        self.engines = [factory(self.profile, n, engine_policy) for n in self.names]
+        # the least time of an engine iteration (the tail bound's): the engine model's fixed cost; none
+        # known for another engine model
+        self._iteration_floor_s = self.profile.cost.c0 if engine_factory is None else 0.0
+        self.engines = [factory(self.profile, n, self.engine_policy) for n in self.names]
         self._index = {n: i for i, n in enumerate(self.names)}
         self._wire_core()
         self.busy = [False] * config.workers
@@ -503,7 +509,7 @@ class VirtualBatch:
             "step_end": self._step_end, "advance": self._advance, "span_end": self._span_end,
             "checkpoint": self._checkpoint,
         }  # fmt: skip
-        rest = self._rest_env_s() if stop_after_s is not None else None
+        rest = self._rest_s() if stop_after_s is not None else None
         while heap:
             now, _, _, kind, arg = heapq.heappop(heap)
             if now > stop:
@@ -571,27 +577,37 @@ class VirtualBatch:
         if self.core.controller is not None and self.cfg.inference == "engine":
             self.core.engine_counters = self._engine_counters
 
-    def _rest_env_s(self) -> list[list[float]]:
-        """Per sample and step position p: the environment time its chain still needs after step p
-        (each environment step takes its duration once started, whatever the policy; a step that
-        ends the sample ends the chain)."""
+    def _rest_s(self) -> list[list[float]]:
+        """Per sample and step position p: the time its chain still needs after step p, whatever the
+        policy: each environment step its duration once started; each inference call its recorded
+        duration with recorded inference, else at least one engine iteration per output token (an
+        iteration of the engine model takes at least its cost model's fixed `c0`). A step that ends the sample ends the
+        chain. All less 0.1 %: a chain of float additions in another order can end a hair below
+        the exact sum, and the bound must stay below what the run gives."""
         out = []
+        scale, floor = self.cfg.env_time_scale, self._iteration_floor_s
+        recorded = self.cfg.inference == "recorded"
         for s in self._all:
             steps = s.trace.steps
-            after = [0.0] * (len(steps) + 1)  # env time of steps p.. (to the end or the first done)
+            after = [0.0] * (len(steps) + 1)  # time of steps p.. (to the end or the first done)
             for p in range(len(steps) - 1, -1, -1):
                 st = steps[p]
                 env = st.kind != INFERENCE
-                own = (st.duration_s or 0.0) * self.cfg.env_time_scale if env else 0.0
-                after[p] = own + (0.0 if env and st.done else after[p + 1])
+                if env:
+                    own = (st.duration_s or 0.0) * scale
+                elif recorded:
+                    own = st.duration_s or 0.0
+                else:
+                    own = floor * max(1, int(st.output_tokens or 1))
+                after[p] = _BOUND_SHARE * own + (0.0 if env and st.done else after[p + 1])
             out.append([0.0 if steps[p].kind != INFERENCE and steps[p].done else after[p + 1]
                         for p in range(len(steps))] + [0.0])  # fmt: skip
         return out
 
     def _tail_bound(self, now: float, rest: list[list[float]]) -> float:
         """A lower bound on the makespan at `now`: no unfinished sample ends before its remaining
-        environment steps have run one after another (what lets a cut come before the clock
-        reaches the stop)."""
+        steps have run one after another, each in the least time it can take (`_rest_s`; what
+        lets a cut come before the clock reaches the stop)."""
         return max((now + rest[i][s.pos] for i, s in enumerate(self._all) if s.finished_at is None), default=now)
 
     def _result(self) -> RawResult:
