@@ -26,50 +26,53 @@ _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 class Conversation(list[Message]):
     """The messages of one chat, and the JSON of those encoded so far."""
 
-    __slots__ = ("_encoded", "_parts", "_tools", "_tools_json")
+    __slots__ = ("_encoded", "_chunks", "_tools", "_tools_json")
 
     def __init__(self, messages: Any = ()) -> None:
         super().__init__(messages)
-        self._encoded: list[Message] = []  # the messages whose JSON is in _parts, in order
-        self._parts: list[str] = []
+        self._encoded: list[Message] = []  # the messages whose JSON is in _chunks, in order
+        self._chunks: list[bytes] = []  # each message's JSON, after the first with its ", " before it
         self._tools: list[ToolSchema] | None = None  # the tool list whose JSON is _tools_json
-        self._tools_json = ""
+        self._tools_json = b""
 
-    def messages_json(self) -> str:
-        """The JSON array of the messages."""
-        encoded, parts = self._encoded, self._parts
+    def message_chunks(self) -> list[bytes]:
+        """The JSON array of the messages without its brackets, in pieces to join (not to change)."""
+        encoded, chunks = self._encoded, self._chunks
         keep = 0
         for old, new in zip(encoded, self, strict=False):  # the prefix encoded before, by identity
             if old is not new:
                 break
             keep += 1
         if keep < len(encoded):  # changed other than by appending: encoded again from there
-            del encoded[keep:], parts[keep:]
+            del encoded[keep:], chunks[keep:]
         for message in self[keep:]:
-            parts.append(_dumps(message))
+            chunks.append((b", " if chunks else b"") + _dumps(message).encode())
             encoded.append(message)
-        return "[" + ", ".join(parts) + "]"
+        return chunks
 
-    def tools_json(self, tools: list[ToolSchema]) -> str:
+    def tools_json(self, tools: list[ToolSchema]) -> bytes:
         """The JSON of this conversation's tool list (encoded again when the list is another one)."""
         if tools is not self._tools:
-            self._tools, self._tools_json = tools, _dumps(tools)
+            self._tools, self._tools_json = tools, _dumps(tools).encode()
         return self._tools_json
 
 
 def request_body(payload: dict[str, Any]) -> bytes:
     """`payload` as JSON bytes; its messages and tools from their `Conversation`'s cache when they
-    are one's."""
+    are one's, joined into the body in one copy."""
     messages = payload.get("messages")
     if not isinstance(messages, Conversation):
         return _dumps(payload).encode()
-    items = []
+    pieces: list[bytes] = []
     for key, value in payload.items():
+        pieces.append(f"{', ' if pieces else '{'}{_dumps(key)}: ".encode())
         if value is messages:
-            text = messages.messages_json()
+            pieces.append(b"[")
+            pieces += messages.message_chunks()
+            pieces.append(b"]")
         elif key == "tools" and isinstance(value, list):
-            text = messages.tools_json(value)
+            pieces.append(messages.tools_json(value))
         else:
-            text = _dumps(value)
-        items.append(f"{_dumps(key)}: {text}")
-    return ("{" + ", ".join(items) + "}").encode()
+            pieces.append(_dumps(value).encode())
+    pieces.append(b"}")
+    return b"".join(pieces)
