@@ -11,7 +11,6 @@ appended (`WorkerPool.body_for`).
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,13 +145,8 @@ class StreamAccumulator:
 
     def feed(self, raw: bytes, *, keep_usage_chunk: bool = True) -> bytes:
         """Take bytes from the worker; return the bytes to pass on (whole events only)."""
-        self._buffer += raw.replace(b"\r\n", b"\n")
-        out = []
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            if self._event(event) or keep_usage_chunk:
-                out.append(event + b"\n\n")
-        return b"".join(out)
+        *events, self._buffer = (self._buffer + raw.replace(b"\r\n", b"\n")).split(b"\n\n")
+        return b"".join(event + b"\n\n" for event in events if self._event(event) or keep_usage_chunk)
 
     def flush(self) -> bytes:
         rest, self._buffer = self._buffer, b""
@@ -160,11 +154,14 @@ class StreamAccumulator:
 
     def _event(self, event: bytes) -> bool:
         """Account for one event; False for a usage-only chunk (no choices)."""
-        data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
+        if event.startswith(b"data:") and b"\n" not in event:  # the usual event: one data line
+            data = event[5:].strip()
+        else:
+            data = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
         if not data or data == b"[DONE]":
             return True
         try:
-            chunk = json.loads(data)
+            chunk = jsonio.loads(data)
         except ValueError:
             return True
         for key in ("id", "usage", "agentbatch"):

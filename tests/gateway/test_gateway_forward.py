@@ -8,7 +8,7 @@ import json
 
 from agentbatch.engines.sim_server import running_sim_server
 from agentbatch.gateway import jsonio
-from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
+from agentbatch.gateway.forward import StreamAccumulator, WorkerEndpoint, WorkerPool
 
 
 def test_url_credentials_beside_an_api_key_reach_the_worker() -> None:
@@ -58,3 +58,35 @@ def test_the_forwarded_body_is_the_harness_body_with_the_gateways_fields() -> No
     raw = json.dumps(bodies[0]).encode()
     assert pool.body_for("w", json.loads(raw), priority=None, user="s", raw=raw) is raw  # nothing to change
     assert pool.body_for("w", json.loads(raw), priority=1, user="s", raw=raw).startswith(raw[:-1])
+
+
+def _sse(chunk: dict[str, object]) -> bytes:
+    return b"data: " + json.dumps(chunk).encode() + b"\r\n\r\n"
+
+
+def test_a_stream_is_passed_on_whole_events_at_a_time_and_rebuilt() -> None:
+    """However the worker's bytes are cut, the events pass on whole and in order (the usage-only one
+    dropped when the client did not ask for it), and the assistant message and usage are rebuilt."""
+    stream = b"".join([
+        _sse({"id": "c1", "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}}]}),
+        b": a comment line\r\ndata: {\"id\": \"c1\", \"choices\": [{\"index\": 0,\r\ndata: \"delta\": {\"content\": \"lo\"}}]}\r\n\r\n",
+        _sse({"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "t0", "function": {"name": "look", "arguments": "{\"q\""}}]}}]}),
+        _sse({"id": "c1", "choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": ": 1}"}}]}, "finish_reason": "tool_calls"}]}),
+        _sse({"id": "c1", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}}),
+        b"data: [DONE]\r\n\r\n",
+    ])
+    plain = stream.replace(b"\r\n", b"\n")
+    events = plain.split(b"\n\n")[:-1]
+    for data, cut in [(plain, 1), (plain, 7), (plain, 64), (stream, 64), (stream, len(stream))]:
+        for keep_usage in (True, False):
+            acc = StreamAccumulator()
+            out = b"".join(acc.feed(data[i:i + cut], keep_usage_chunk=keep_usage) for i in range(0, len(data), cut))
+            out += acc.flush()
+            kept = [e for e in events if keep_usage or b'"usage"' not in e]
+            assert out == b"".join(e + b"\n\n" for e in kept), (cut, keep_usage)
+            assert acc.message() == {"role": "assistant", "content": "Hello", "tool_calls": [
+                {"id": "t0", "type": "function", "function": {"name": "look", "arguments": "{\"q\": 1}"}}]}
+            assert acc.data()["usage"] == {"prompt_tokens": 7, "completion_tokens": 3}
+            assert acc.data()["choices"] == [{"finish_reason": "tool_calls"}]
