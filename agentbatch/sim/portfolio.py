@@ -6,7 +6,9 @@ priors available (with history: the chain lengths and contexts an earlier run of
 reached; without: traces drawn from the workload's declared or observed distribution), on the
 configured engines and slots. `choose` then picks by the robust minimax rule. Simulations that can no
 longer win are cut as soon as their virtual clock passes the makespan they would need (a bound,
-not an estimate: a cut run's makespan is known to be larger), which keeps deciding cheap.
+not an estimate: a cut run's makespan is known to be larger), and a candidate that runs alike to one
+already simulated on a member (with one worker: one that differs only in its router) takes that
+run's result, which keeps deciding cheap.
 
 Plugins add candidates through the entry-point group `agentbatch.candidates`: an entry point names
 a `Candidate` or a sequence of them.
@@ -136,15 +138,29 @@ class _Runner:
         self.cut_at: dict[str, list[float]] = {}
         self.sims = 0
         self.cuts_in = [0] * len(members)  # non-baselines cut in each member so far
+        # (member, _run_key) -> (makespan or inf, where it was cut, the stop it ran with)
+        self._known: dict[tuple[int, tuple[Any, ...]], tuple[float, float, float]] = {}
 
-    def _one(self, c: Candidate, m: Member, stop: float | None) -> tuple[float, float]:
+    def _one(self, c: Candidate, i: int, stop: float | None) -> tuple[float, float]:
+        """c's makespan on member i, or (inf, where it stopped) when cut at `stop`. A candidate that
+        runs alike to one already run there (`_run_key`) takes that run's result where it answers:
+        a makespan (cut if above the stop), or a cut at a stop no higher."""
+        key = (i, _run_key(c, self.base.workers))
+        known = self._known.get(key)
+        limit = math.inf if stop is None else stop
+        if known is not None and (math.isfinite(known[0]) or known[2] >= limit):
+            t, at, _ = known
+            return (t, 0.0) if t <= limit else (math.inf, at or limit)
+        m = self.members[i]
         cfg = candidate_config(c, self.base, samples=len(m.trace.samples), n_ref=self.n_ref, priors=m.priors,
                                context_priors=m.context_priors)  # fmt: skip
         self.sims += 1
         try:
-            return VirtualBatch(m.trace, cfg).run(stop_after_s=stop).makespan_s, 0.0
+            out = VirtualBatch(m.trace, cfg).run(stop_after_s=stop).makespan_s, 0.0
         except SimulationCut as cut:
-            return math.inf, cut.at_s
+            out = math.inf, cut.at_s
+        self._known[key] = (*out, limit)
+        return out
 
     def all(self, pool: Sequence[Candidate], margin: float) -> None:
         """The baselines first (they fix the best baseline of each member and the fallback), then the
@@ -167,10 +183,10 @@ class _Runner:
     def baseline(self, c: Candidate) -> None:
         """Every member, each cut at BASELINE_SLACK x the best baseline there so far."""
         preds, cuts = [], []
-        for i, m in enumerate(self.members):
+        for i in range(len(self.members)):
             done = [p[i] for n, p in self.pred.items() if len(p) > i]
             stop = BASELINE_SLACK * min(done) if done and math.isfinite(min(done)) else None
-            t, at = self._one(c, m, stop)
+            t, at = self._one(c, i, stop)
             preds.append(t)
             cuts.append(at)
         self.pred[c.name], self.cut_at[c.name] = preds, cuts
@@ -182,12 +198,19 @@ class _Runner:
         preds, cuts = [math.inf] * len(self.members), [0.0] * len(self.members)
         for i in sorted(range(len(self.members)), key=lambda i: -self.cuts_in[i]):  # the likeliest cut first
             stop = min(floor[i], best * best_base[i])
-            preds[i], cuts[i] = self._one(c, self.members[i], stop if math.isfinite(stop) else None)
+            preds[i], cuts[i] = self._one(c, i, stop if math.isfinite(stop) else None)
             if math.isinf(preds[i]):
                 self.cuts_in[i] += 1
                 break
         self.pred[c.name], self.cut_at[c.name] = preds, cuts
         return max(t / b for t, b in zip(preds, best_base, strict=True))
+
+
+def _run_key(c: Candidate, workers: int) -> tuple[Any, ...]:
+    """What a candidate's run depends on: all of it but its name and baseline group, and with one
+    worker not the router (every router routes there)."""
+    drop = {"name", "baseline"} | ({"router"} if workers == 1 else set())
+    return tuple(kv for kv in c.key() if kv[0] not in drop)
 
 
 def _likely_fast(c: Candidate) -> tuple[bool, float]:

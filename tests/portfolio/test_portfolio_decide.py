@@ -28,7 +28,7 @@ def _case(family: str = "mcp_like", n: int = 12):
 def test_decide_predicts_each_candidate_as_a_full_simulation_and_cuts_only_losers():
     earlier, base, member = _case()
     d = decide([member], base, n_ref=6)
-    assert d.simulations == len(d.candidates)
+    assert d.simulations == len(d.candidates) - 1  # one worker: the paper's baseline runs as coupled at S*1
     full = {}
     for c in d.candidates:
         cfg = candidate_config(c, base, samples=len(earlier.samples), n_ref=6, priors=member.priors,
@@ -46,6 +46,20 @@ def test_decide_predicts_each_candidate_as_a_full_simulation_and_cuts_only_loser
         assert full[d.choice.name] == pytest.approx(best_other)
     else:
         assert d.choice.name == d.choice.fallback
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_candidate_that_runs_alike_to_one_simulated_is_not_simulated_again(workers):
+    # with one worker every router routes there: the paper's coupled baseline (round robin) runs as
+    # coupled at S*1 (trajectory-aware); with two it does not
+    earlier, base, member = _case()
+    base = VirtualConfig(workers=workers, profile=PROFILE, env_slots=2)
+    pool = [c for c in BUILTIN_CANDIDATES if c.name in ("coupled at S*1", "coupled at slots (paper)")]
+    d = decide([member, Member(generate("mcp_like", 12, seed=3, epoch=2), member.priors)], base, n_ref=6, pool=pool)
+    assert d.simulations == (2 if workers == 1 else 4)
+    for c in pool:
+        cfg = candidate_config(c, base, samples=len(earlier.samples), n_ref=6)
+        assert d.predictions[c.name][0] == simulate(earlier, cfg).summary.makespan_s
 
 
 def test_the_summary_names_the_choice_and_every_candidate():

@@ -41,7 +41,7 @@ from agentbatch.traces.schema import ENVIRONMENT as ENV_KIND
 from agentbatch.traces.schema import INFERENCE, Trace, TraceSample
 
 _FRESH_BASE = 1 << 60  # token ids unique to one sample's context (never shared)
-_ZEROS = array("q", bytes(8 * 4096))
+_ZEROS = memoryview(bytes(8 * 4096))  # zero token ids, as int64 bytes (array.frombytes copies once)
 
 _SPAN_LIMIT = 4096  # decode-only iterations planned at once (EngineModel.plan_decodes)
 
@@ -241,8 +241,8 @@ class _Contexts:
         self._fresh += 1
         n -= 1
         while n > 0:
-            k = min(n, len(_ZEROS))
-            ctx.extend(_ZEROS if k == len(_ZEROS) else _ZEROS[:k])
+            k = min(n, len(_ZEROS) // 8)
+            ctx.frombytes(_ZEROS[: 8 * k])
             n -= k
 
 
