@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.routing import Route
 
 from agentbatch.db.models import BatchStatus
 from agentbatch.db.store import Store
@@ -180,7 +179,7 @@ class Gateway:
                 finally:
                     await self.close()
 
-        mcp_routes = [r for r in self._mcp_app.routes if isinstance(r, Route)]
+        mcp_routes = self.tools.mcp_routes(self._mcp_app, self._tool_server)
         extra = [self.tools.internal_route()] if self.cluster is not None else []
         app: Any = Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes, *extra], lifespan=lifespan)
         if self.cluster is not None:

@@ -14,12 +14,14 @@ isError result and a failed step per attempt.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 import mcp_types as types
 from mcp.server.lowlevel import Server
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from agentbatch.db.step_records import StepOutcome, environment_request, environment_response
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
@@ -33,6 +35,7 @@ from agentbatch.environments.mcp_env import (
 from agentbatch.gateway.cluster import ROUTED_HEADER
 from agentbatch.gateway.identity import MCP_META_KEY, SampleIdError, tool_sample_key
 from agentbatch.gateway.mcp_direct import DirectCaller
+from agentbatch.gateway.mcp_endpoint import McpEndpoint
 from agentbatch.gateway.state import GatewayState, acquire_step, release_step
 from agentbatch.protocols.retry import Call, Effects, StepFailed
 from agentbatch.scheduling.types import StepKind
@@ -59,6 +62,7 @@ class ToolGateway:
         # Shared connections whose calls go straight over HTTP (`mcp_direct.py`), and their client.
         self.direct: dict[McpConnection, DirectCaller] = {}
         self._http: aiohttp.ClientSession | None = None
+        self.endpoint: McpEndpoint | None = None  # `/mcp` (once the routes are made)
 
     async def start(self) -> None:
         if not self.specs:
@@ -96,21 +100,31 @@ class ToolGateway:
             return types.ListToolsResult(tools=self.tools)
 
         async def on_call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-            request = getattr(ctx, "request", None)
-            headers = getattr(request, "headers", None)
-            try:
-                key = tool_sample_key(headers, params.meta or getattr(ctx, "meta", None))
-            except SampleIdError as exc:  # refused before anything is written
-                return _error_result(str(exc))
-            return await self.call(key, params.name, dict(params.arguments or {}))
-
-        def input_schema(name: str) -> Any:
-            # The transport checks Mcp-Param headers against the tool's schema: from here, not by
-            # dispatching a whole tools/list per call.
-            return self.schemas.get(name)
+            return await self.answer(getattr(getattr(ctx, "request", None), "headers", None), params)
 
         return Server("agentbatch-tool-gateway", on_list_tools=on_list_tools, on_call_tool=on_call_tool,
-                      get_tool_input_schema=input_schema)
+                      get_tool_input_schema=self.input_schema)
+
+    def input_schema(self, name: str) -> Any:
+        """The exposed tool's input schema (None: no such tool). The transport checks Mcp-Param headers
+        against it: from here, not by dispatching a whole tools/list per call."""
+        return self.schemas.get(name)
+
+    def mcp_routes(self, sdk: Starlette, server: Server) -> list[Route]:
+        """The SDK app's routes, with `/mcp` answering tool calls itself (`mcp_endpoint.py`)."""
+        routes = [r for r in sdk.routes if isinstance(r, Route)]
+        (mcp,) = [r for r in routes if r.path == "/mcp"]
+        self.endpoint = McpEndpoint(mcp.endpoint, server, self.answer, self.input_schema)
+        return [Route(r.path, self.endpoint, methods=r.methods) if r is mcp else r for r in routes]
+
+    async def answer(self, headers: Mapping[str, str] | None, params: types.CallToolRequestParams
+                     ) -> types.CallToolResult:
+        """A `tools/call` as the MCP server gets it: its sample (headers, `_meta`), then the call."""
+        try:
+            key = tool_sample_key(headers, params.meta)
+        except SampleIdError as exc:  # refused before anything is written
+            return _error_result(str(exc))
+        return await self.call(key, params.name, dict(params.arguments or {}))
 
     async def call(self, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """One tool call of sample `key`: on the process that owns the sample (`gateway/routing.py`)."""
@@ -177,7 +191,6 @@ class ToolGateway:
         """`POST /v1/internal/tool-call` {sample, name, arguments}: a call another process forwarded."""
         from starlette.requests import Request
         from starlette.responses import JSONResponse
-        from starlette.routing import Route
 
         async def handle(request: Request) -> JSONResponse:
             data = await request.json()
