@@ -26,6 +26,7 @@ from agentbatch.db.step_records import inference_request
 from agentbatch.gateway import jsonio
 from agentbatch.gateway.forward import TRANSPORT_ERRORS, StreamAccumulator, is_answer, outcome_of
 from agentbatch.gateway.identity import SampleIdError, check_sample_id, explicit_inference_id
+from agentbatch.gateway.routing import PARSED_BODY
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
 from agentbatch.gateway.state import GatewayState, HeldSlot, abandon_step, acquire_step, release_step
 from agentbatch.protocols.engine import EngineFailure
@@ -200,11 +201,11 @@ def body_error(body: Any) -> str | None:
     return None
 
 
-def _read_body(raw: bytes) -> tuple[dict[str, Any], bytes | None] | Response:
+def _read_body(raw: bytes, parsed: tuple[Any, bool] | None) -> tuple[dict[str, Any], bytes | None] | Response:
     """The request's JSON object, and its bytes when they can be passed on as they are
-    (`jsonio.loads_passable`)."""
+    (`jsonio.loads_passable`; `parsed`: its result, when the body was parsed already)."""
     try:
-        body, passable = jsonio.loads_passable(raw)
+        body, passable = jsonio.loads_passable(raw) if parsed is None else parsed
     except (ValueError, UnicodeDecodeError):
         return error_response(400, "request body is not JSON")
     if error := body_error(body):
@@ -239,7 +240,9 @@ class ChatCompletions:
         raw = await _request_body(receive)
         if raw is None:  # the client went away before its body was in
             return
-        response = await chat_completion(self.state, Headers(scope=scope), raw)
+        kept = scope.get(PARSED_BODY)  # parsed already by the router of several processes
+        response = await chat_completion(self.state, Headers(scope=scope), raw,
+                                         kept[1] if kept is not None and kept[0] is raw else None)
         await response(scope, receive, send)
 
 
@@ -254,12 +257,13 @@ async def _request_body(receive: Receive) -> bytes | None:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def chat_completion(state: GatewayState, headers: Headers, raw: bytes) -> Response:
+async def chat_completion(state: GatewayState, headers: Headers, raw: bytes,
+                          parsed: tuple[Any, bool] | None = None) -> Response:
     """One chat request: identified, admitted, given a worker slot, forwarded, answered."""
-    parsed = _read_body(raw)
-    if isinstance(parsed, Response):
-        return parsed
-    body, raw_out = parsed
+    read = _read_body(raw, parsed)
+    if isinstance(read, Response):
+        return read
+    body, raw_out = read
     try:
         explicit = explicit_inference_id(headers, body)
     except SampleIdError as exc:

@@ -32,14 +32,26 @@ _DROPPED = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer
 _PASSED_BACK = ("content-type", "cache-control")
 
 
-def routing_key(headers: dict[str, str], body: bytes) -> str | None:
-    """The sample key a chat request routes by (None: not a request the gateway would take)."""
+# The scope key under which the router keeps its parse of a chat body, (the bytes, `jsonio.loads_passable`'s
+# result), so the handler in this process does not parse the body a second time.
+PARSED_BODY = "agentbatch.parsed_body"
+
+
+def routing_key(headers: dict[str, str], body: bytes, scope: dict[str, Any] | None = None) -> str | None:
+    """The sample key a chat request routes by (None: not a request the gateway would take); the body's
+    parse, when it took one, is kept in `scope`."""
     if (value := headers.get(SAMPLE_HEADER)) is not None:
         return value  # checked by the owner, which answers a bad one
     try:
-        data = jsonio.loads(body)
+        parsed = jsonio.loads_passable(body)
+    except ValueError:
+        return None
+    if scope is not None:
+        scope[PARSED_BODY] = (body, parsed)
+    data = parsed[0]
+    try:
         explicit = explicit_inference_id(headers, data)
-    except (ValueError, SampleIdError, AttributeError, TypeError):
+    except (SampleIdError, AttributeError, TypeError):
         return None
     if explicit is not None:
         return explicit
@@ -86,7 +98,7 @@ class ClusterRouter:
         body = message.get("body", b"")
         key: str | None = None
         if path == "/v1/chat/completions":
-            key = routing_key(headers, body)
+            key = routing_key(headers, body, scope)
         elif path.startswith("/v1/samples/") and path.endswith("/finish"):
             key = path[len("/v1/samples/"):-len("/finish")]
         owner_url = self.cluster.url_of(key) if key is not None else None

@@ -6,11 +6,14 @@ rendezvous hash (a member joining takes only samples, the others keep theirs).""
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import build_coordinator
 from agentbatch.flows.config import BatchConfig
 from agentbatch.gateway.cluster import Cluster, ClusterSettings
+from agentbatch.gateway.routing import PARSED_BODY, ClusterRouter
 from agentbatch.scheduling.types import SampleProgress
 
 LIMITS = {"max_active_samples": 6, "per_worker_inflight": 4, "env_slots": 3}
@@ -98,3 +101,27 @@ def test_owners_agree_and_a_joining_member_only_takes_samples(store: Store):
     moved = [k for k in keys if after[k] != before[k]]
     assert moved and all(after[k] == "c" for k in moved)  # nothing moves between a and b
     assert 30 < len(moved) < 110  # about a third
+
+
+def test_a_request_served_here_is_parsed_once() -> None:
+    """The router of several processes parses a chat body to find its owner; when that is this process,
+    the handler gets the body's bytes and that parse, not a body to parse again."""
+    class Here:
+        def url_of(self, key: str) -> None:
+            return None
+
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "s1"}'
+    seen: list[tuple[bytes, object]] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        message = await receive()
+        seen.append((message["body"], scope.get(PARSED_BODY)))
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    router = ClusterRouter(app, Here())  # only url_of is used
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    asyncio.run(router(scope, receive, None))
+    [(got, kept)] = seen
+    assert kept is not None and kept[0] is got and kept[1] == (json.loads(body), True)
