@@ -115,10 +115,6 @@ class Replanner:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     history: list[Looked] = field(default_factory=list)
-    _cuts: list[int] = field(default_factory=list, repr=False)  # candidates cut in each member so far
-
-    def __post_init__(self) -> None:
-        self._cuts = [0] * len(self.members)
 
     def attach(self, batch: VirtualBatch, predicted_s: float) -> None:
         """Checkpoints every `settings.every` x `predicted_s` of virtual time."""
@@ -174,10 +170,11 @@ class Replanner:
         """The candidate's remainder in every member, or None once it is predicted slower than the
         incumbent in one, or its mean ratio to the incumbent can no longer reach `bound` (the margin,
         or the best candidate's so far): each run is cut there, and the other members are then not
-        simulated. The members where candidates were cut most often run first. The cuts are exact:
-        the switch made is the one the uncut runs would give."""
+        simulated. The members with the shortest remainder run first (the cheapest runs; measured
+        to simulate less than the members where candidates were cut most often). The cuts are
+        exact: the switch made is the one the uncut runs would give, in any order of the members."""
         preds = [math.inf] * len(stay)
-        order = sorted(range(len(stay)), key=lambda i: -self._cuts[i])
+        order = sorted(range(len(stay)), key=lambda i: stay[i])
         ratios = 0.0
         for k, i in enumerate(order):
             # the last member must also bring the mean down to the bound
@@ -185,7 +182,6 @@ class Replanner:
             stop = stay[i] * (min(1.0, len(stay) * bound - ratios) if last else 1.0)
             preds[i] = self._predict(snap, futures[i], self.members[i], c, stop)
             if preds[i] > stop:
-                self._cuts[i] += 1
                 return None
             ratios += preds[i] / stay[i]
         return preds
