@@ -59,9 +59,8 @@ class ToolGateway:
         # With several processes: the owner's internal URL of a sample (None: this one) and the client.
         self.owner_url: Callable[[str], str | None] | None = None
         self.forwarder: Callable[[], aiohttp.ClientSession] | None = None
-        # Shared connections whose calls go straight over HTTP (`mcp_direct.py`), and their client.
+        # Shared connections whose calls go straight over HTTP (`mcp_direct.py`).
         self.direct: dict[McpConnection, DirectCaller] = {}
-        self._http: aiohttp.ClientSession | None = None
         self.endpoint: McpEndpoint | None = None  # `/mcp` (once the routes are made)
 
     async def start(self) -> None:
@@ -80,17 +79,17 @@ class ToolGateway:
         """Direct callers for the shared HTTP connections that allow them (after every (re)connect)."""
         if self.toolset is None:
             return
-        if self._http is None:
-            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
-                                               auto_decompress=False)
-        callers = {conn: DirectCaller.of(conn, self._http) for conn in self.toolset.connections
+        callers = {conn: self.direct.get(conn) or DirectCaller.of(conn) for conn in self.toolset.connections
                    if conn.spec.name not in self.sessions.upstreams}
+        for conn, caller in self.direct.items():  # those of the connections that died
+            if conn not in callers:
+                caller.close()
         self.direct = {conn: caller for conn, caller in callers.items() if caller is not None}
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
-        if self._http is not None:
-            await self._http.close()
+        for caller in self.direct.values():
+            caller.close()
         if self.toolset is not None:
             for conn in self.toolset.connections:
                 await conn.close()
