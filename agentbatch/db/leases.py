@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Select, and_, case, func, or_, select, update
+from sqlalchemy.exc import DBAPIError
 
 from agentbatch.db.fencing import still_held
 from agentbatch.db.models import MAY_HAVE_EXECUTED, Sample, SampleStatus, Step, StepStatus
@@ -105,6 +106,9 @@ class SampleLeases:
         self.clock = clock
         self._held: set[int] = set()
         self.tokens: dict[int, int] = {}  # sample id -> the fencing token this process claimed it with
+        # Renewed every ttl/3 (flows/leased.py): bounded by ttl/3, a transaction this process stalls in
+        # has ended, its row locks gone, before the leases it renewed last can expire.
+        store.bound_stalled_transactions(ttl_s / 3)
 
     # --- claiming --------------------------------------------------------------------------------
     def _claimable(self, now: float, new_only: bool = False) -> Select[int]:
@@ -131,6 +135,13 @@ class SampleLeases:
             candidates = candidates.where(Sample.id.in_(among))
         if limit is not None:
             candidates = candidates.limit(limit)
+        again_once(lambda: self._take(candidates, now))
+        mine = self.store_samples(Sample.lease_owner == self.owner)
+        self._held = {m.id for m in mine}
+        self.tokens.update((m.id, m.lease_token) for m in mine)
+        return mine
+
+    def _take(self, candidates: Select[int], now: float) -> None:
         with self.store.session() as s, s.begin():
             if s.get_bind().dialect.name == "postgresql":
                 ids = list(s.scalars(candidates.with_for_update(skip_locked=True)))
@@ -144,10 +155,6 @@ class SampleLeases:
                 s.execute(update(Sample).where(where)
                           .values(lease_owner=self.owner, lease_expires_at=now + self.ttl_s, lease_token=token)
                           .execution_options(synchronize_session=False))
-        mine = self.store_samples(Sample.lease_owner == self.owner)
-        self._held = {m.id for m in mine}
-        self.tokens.update((m.id, m.lease_token) for m in mine)
-        return mine
 
     def _expire_dead_owners(self) -> None:
         """Free leases of processes on this host that died (SIGKILL): no need to wait for expiry."""
@@ -275,3 +282,14 @@ def count_may_have_executed(store: Store, batch_id: int) -> int:
     with store.session() as s:
         return s.scalar(select(func.count()).select_from(Step).where(
             Step.batch_id == batch_id, Step.error.startswith(MAY_HAVE_EXECUTED, autoescape=True))) or 0
+
+
+def again_once(write: Callable[[], None]) -> None:
+    """`write` (one transaction), run a second time when the server had ended the connection under
+    it: a transaction this process stalled in past `Store.bound_stalled_transactions`."""
+    try:
+        write()
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        write()

@@ -14,7 +14,20 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Executable, Float, Row, case, func, literal, select, true, update
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Executable,
+    Float,
+    Row,
+    case,
+    event,
+    func,
+    literal,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
@@ -109,6 +122,7 @@ class Store:
         elif create:
             migrate(self.engine)
         self._session = sessionmaker(self.engine, expire_on_commit=False)
+        self._stall_bound_ms: int | None = None
 
     def session(self) -> Session:
         return self._session()
@@ -211,6 +225,21 @@ class Store:
                         retries=Sample.retries + 1)
             )
             return result.rowcount or 0
+
+    def bound_stalled_transactions(self, seconds: float) -> None:
+        """PostgreSQL: the server ends any transaction of this store left idle for `seconds` (at least 1 s;
+        the shortest bound asked for holds), releasing its row locks. A process stopped inside one
+        (SIGSTOP, a debugger, a frozen VM) would otherwise keep the rows that a process taking over its
+        expired sample leases must lock; that process's next statement fails instead."""
+        if self.engine.dialect.name != "postgresql":
+            return
+        if self._stall_bound_ms is None:
+            event.listen(self.engine, "begin", self._bound_stall)
+        ms = max(1000, int(seconds * 1000))
+        self._stall_bound_ms = ms if self._stall_bound_ms is None else min(ms, self._stall_bound_ms)
+
+    def _bound_stall(self, conn: Connection) -> None:
+        conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {self._stall_bound_ms}")
 
     def prior_chain_lengths(self, task_ids: Iterable[str], exclude_batch_id: int) -> dict[str, float]:
         """Mean recorded chain length (steps) of each task id over earlier completed samples."""

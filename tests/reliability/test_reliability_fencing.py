@@ -19,7 +19,10 @@ from typing import Any
 
 import pytest
 from reliability_helpers import bfcl_config, completions, start_cli
+from sqlalchemy import update
+from sqlalchemy.exc import DBAPIError
 
+from agentbatch.db.fencing import locked_tokens
 from agentbatch.db.leases import MAY_HAVE_EXECUTED, LeaseLost, SampleLeases, flag_in_flight
 from agentbatch.db.models import Sample, Step
 from agentbatch.db.store import Store
@@ -75,6 +78,30 @@ def test_paused_worker_lets_go_of_samples_taken_over(db_url: str, tmp_path: Path
     assert "driven by another process" in stalled_log.read_text()
     assert store.get_batch(batch_id).status == "completed"
     store.close()
+
+
+@pytest.mark.postgres
+def test_a_stalled_transaction_does_not_keep_expired_leases_locked(pg_url: str) -> None:
+    """A holder stopped inside a transaction that locks its samples' rows (a SIGSTOP between a fenced
+    write's lock and its commit): the server ends that transaction once it has been idle a third of the
+    lease's time to live, so a process taking over the expired leases gets the samples instead of
+    skipping them as locked (and finishing with nothing to do while they stay unfinished)."""
+    holder_store, taker_store = Store(pg_url), Store(pg_url)
+    batch_id = holder_store.create_batch("stall", {}, [(f"t{i}", {}) for i in range(2)])
+    now = [time.time()]
+    holder = SampleLeases(holder_store, batch_id, owner="elsewhere:1:a", ttl_s=3, clock=lambda: now[0])
+    holder.claim()
+    with holder_store.session() as stalled:
+        assert set(locked_tokens(stalled.connection(), holder.tokens)) == set(holder.tokens)
+        time.sleep(1.5)  # stopped past the bound (3 s / 3)
+        now[0] += 3.5  # and past the leases' expiry
+        taker = SampleLeases(taker_store, batch_id, owner="elsewhere:2:b", ttl_s=3, clock=lambda: now[0])
+        assert {s.id for s in taker.claim()} == set(holder.tokens)
+        with pytest.raises(DBAPIError):  # continued: its transaction is gone, nothing it writes applies
+            stalled.execute(update(Sample).where(Sample.batch_id == batch_id).values(score=1.0))
+    assert {s.lease_owner for s in taker_store.samples(batch_id)} == {"elsewhere:2:b"}
+    holder_store.close()
+    taker_store.close()
 
 
 def test_writer_applies_nothing_for_a_sample_taken_over(store: Store) -> None:
