@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,11 @@ class Cluster:
         self.names: list[str] = [self.name]  # the live members, this one included, sorted
         self._task: asyncio.Task[None] | None = None
         self._owners: dict[str, str] = {}  # sample key -> owner, for the current membership
+        # Beats and the leave, one at a time (they run in threads): a beat still running when the
+        # process leaves would write its member row back after the leave deleted it, and the last
+        # member to leave would then see it alive and not finish the batch.
+        self._beating = threading.Lock()
+        self._left = False
 
     # --- ownership ---------------------------------------------------------------------------------
     def owner(self, key: str) -> str:
@@ -97,7 +103,12 @@ class Cluster:
         return caps
 
     def beat(self) -> None:
-        """One beat (blocking: run in a thread): membership and shares refreshed."""
+        """One beat (blocking: run in a thread): membership and shares refreshed; none after the leave."""
+        with self._beating:
+            if not self._left:
+                self._beat()
+
+    def _beat(self) -> None:
         live = members.beat(self.store, self.batch_id, self.name, self.settings.url, self.clock(),
                             self.settings.ttl_s, self._decide)
         names = sorted([m.name for m in live] + [self.name])
@@ -131,5 +142,10 @@ class Cluster:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        return await asyncio.to_thread(members.leave, self.store, self.batch_id, self.name, self.clock(),
-                                       self.settings.ttl_s, status=status, error=error)
+        return await asyncio.to_thread(self._leave, status, error)
+
+    def _leave(self, status: BatchStatus, error: str | None) -> bool:
+        with self._beating:  # after a beat that is still running
+            self._left = True
+            return members.leave(self.store, self.batch_id, self.name, self.clock(), self.settings.ttl_s,
+                                 status=status, error=error)

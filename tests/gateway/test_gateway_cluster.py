@@ -125,3 +125,41 @@ def test_a_request_served_here_is_parsed_once() -> None:
     asyncio.run(router(scope, receive, None))
     [(got, kept)] = seen
     assert kept is not None and kept[0] is got and kept[1] == (json.loads(body), True)
+
+
+def test_a_beat_still_running_when_the_member_leaves_does_not_bring_it_back(store: Store, monkeypatch):
+    """The leave waits for a beat that is still writing (it runs in a thread, which cancelling the beat
+    task does not stop), and no beat runs after it: else the beat writes the member's row back and the
+    last member to leave sees it alive and does not finish the batch."""
+    import threading
+
+    from agentbatch.db import gateway_members
+    from agentbatch.db.models import BatchStatus
+
+    batch_id = store.create_batch("c", {}, [])
+    clock = Clock()
+    a, b = member(store, batch_id, "a", clock), member(store, batch_id, "b", clock)
+    beat(a, b)
+    entered, go = threading.Event(), threading.Event()
+    real_beat = gateway_members.beat
+
+    def slow_beat(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "slow-beat":
+            entered.set()
+            go.wait(10)
+        return real_beat(*args, **kwargs)
+
+    monkeypatch.setattr(gateway_members, "beat", slow_beat)
+    beating = threading.Thread(target=a.beat, name="slow-beat")
+    beating.start()
+    assert entered.wait(10)
+    left: list[bool] = []
+    leaving = threading.Thread(target=lambda: left.append(asyncio.run(a.leave(BatchStatus.COMPLETED, None))))
+    leaving.start()
+    go.set()
+    beating.join(10)
+    leaving.join(10)
+    a.beat()  # a beat after the leave writes nothing
+    assert left == [False]  # b is still there
+    assert asyncio.run(b.leave(BatchStatus.COMPLETED, None)) is True  # the last one finishes the batch
+    assert store.get_batch(batch_id).status == "completed"
