@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import ssl
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -37,7 +37,7 @@ class _Exchange(asyncio.Protocol):
     Content-Length or chunked body) parsed by httptools."""
 
     def __init__(self) -> None:
-        self.transport: asyncio.BaseTransport | None = None
+        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.answer: asyncio.Future[tuple[int, str, bytes]] | None = None
         self.body = bytearray()
@@ -46,7 +46,7 @@ class _Exchange(asyncio.Protocol):
         self.idle_since = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -81,7 +81,7 @@ class _Exchange(asyncio.Protocol):
 
     async def exchange(self, request: bytes) -> tuple[int, str, bytes]:
         """(status, content type, body) of the answer to `request`."""
-        assert isinstance(self.transport, asyncio.WriteTransport)
+        assert self.transport is not None
         self.answer = asyncio.get_running_loop().create_future()
         self.body, self.kind = bytearray(), ""
         self.transport.write(request)

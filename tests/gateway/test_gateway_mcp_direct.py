@@ -11,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import uvloop
 from testkit import free_port, listens, wait_until
 
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec
@@ -50,7 +51,8 @@ async def direct_caller(url: str, call_timeout_s: float) -> AsyncIterator[Direct
         await conn.close()
 
 
-def test_direct_calls_answer_as_the_sdk_does(probe_url):
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])  # the gateway runs on uvloop
+def test_direct_calls_answer_as_the_sdk_does(probe_url, run):
     calls = [("echo", {"text": "hi"}), ("nope", {"text": "x"}), ("fail", {}), ("echo", {"wrong": 1})]
 
     async def main() -> tuple[list, list, set[str]]:
@@ -60,7 +62,7 @@ def test_direct_calls_answer_as_the_sdk_does(probe_url):
             sdk = [await direct.conn.call(name, args, meta=meta) for name, args in calls]
             return fast, sdk, direct.direct
 
-    fast, sdk, covered = asyncio.run(main())
+    fast, sdk, covered = run(main())
     assert {"echo", "fail", "session"} <= covered
     assert fast == sdk
     assert fast[0].content[0].text == "hi" and not fast[0].is_error
