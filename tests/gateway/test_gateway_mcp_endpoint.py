@@ -122,8 +122,9 @@ async def answers(gw: RunningGateway, requests: dict[str, tuple[Any, Any]], *, d
 
 def recorded(store: Store, batch_id: int, n: int) -> list[tuple[str, int, str]] | None:
     """(sample, step index, status) of the batch's steps once `n` of them have ended."""
-    rows = {s.id: s.task_id for s in store.samples(batch_id)}
-    steps = [(rows[s.sample_id], s.index, s.status) for s in store.steps(batch_id) if s.status != "running"]
+    ended = [s for s in store.steps(batch_id) if s.status != "running"]
+    rows = {s.id: s.task_id for s in store.samples(batch_id)}  # read after: a step's sample row is older
+    steps = [(rows[s.sample_id], s.index, s.status) for s in ended]
     return steps if len(steps) == n else None
 
 
