@@ -228,5 +228,6 @@ def iter_transcripts(store: Store, batch_id: int, chunk: int = 200) -> Iterator[
             by_sample: dict[int, list[Step]] = {sid: [] for sid in part}
             for st in s.scalars(select(Step).where(Step.sample_id.in_(part))):
                 by_sample[st.sample_id].append(st)
-            for sample in samples:
-                yield _transcript(sample, by_sample[sample.id])
+        # Yielded once the session is closed: the consumer's time between transcripts holds no transaction.
+        for sample in samples:
+            yield _transcript(sample, by_sample[sample.id])
