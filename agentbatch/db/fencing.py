@@ -14,9 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select, update
 
-from agentbatch.db.models import Sample
-
-_SAMPLES = Sample.metadata.tables[Sample.__tablename__]
+from agentbatch.db.models import SAMPLES
 
 
 def locked_tokens(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
@@ -24,11 +22,11 @@ def locked_tokens(conn: Connection, ids: Iterable[int]) -> dict[int, int]:
     wanted = sorted(set(ids))
     if not wanted:
         return {}
-    cols = (_SAMPLES.c.id, _SAMPLES.c.lease_token)
+    cols = (SAMPLES.c.id, SAMPLES.c.lease_token)
     if conn.dialect.name == "postgresql":
-        q: Any = select(*cols).where(_SAMPLES.c.id.in_(wanted)).with_for_update()
+        q: Any = select(*cols).where(SAMPLES.c.id.in_(wanted)).with_for_update()
     else:  # SQLite: a write statement first, so the store's write lock is held and the read is the latest
-        q = update(_SAMPLES).where(_SAMPLES.c.id.in_(wanted)).values(lease_token=_SAMPLES.c.lease_token).returning(*cols)
+        q = update(SAMPLES).where(SAMPLES.c.id.in_(wanted)).values(lease_token=SAMPLES.c.lease_token).returning(*cols)
     return {sid: token for sid, token in conn.execute(q)}
 
 

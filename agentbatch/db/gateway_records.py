@@ -15,10 +15,8 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
-from agentbatch.db.models import Batch, Sample, SampleStatus
+from agentbatch.db.models import SAMPLES, Batch, Sample, SampleStatus
 from agentbatch.db.step_records import SampleRef
-
-_SAMPLES = Sample.metadata.tables[Sample.__tablename__]
 
 
 def add_sample(session: Session, ref: SampleRef, batch_id: int, task_id: str,
@@ -29,16 +27,16 @@ def add_sample(session: Session, ref: SampleRef, batch_id: int, task_id: str,
     one INSERT (no ORM unit of work): a gateway appends a row for every sample it sees."""
     session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
     last = session.scalar(select(func.max(Sample.index)).where(Sample.batch_id == batch_id))
-    ref.id = session.execute(insert(_SAMPLES).values(
+    ref.id = session.execute(insert(SAMPLES).values(
         batch_id=batch_id, index=(-1 if last is None else last) + 1, task_id=task_id, task=task or {},
-        status=SampleStatus.PENDING).returning(_SAMPLES.c.id)).scalar_one()
+        status=SampleStatus.PENDING).returning(SAMPLES.c.id)).scalar_one()
     return ref.id
 
 
 def admit_sample_at(session: Session, ref: SampleRef, at: float) -> None:
     """The sample runs from `at` (first admission), or again after it ended (answer, idle timeout)."""
-    session.execute(update(_SAMPLES).where(_SAMPLES.c.id == ref.row_id).values(
-        status=SampleStatus.RUNNING, admitted_at=func.coalesce(_SAMPLES.c.admitted_at, at), finished_at=None))
+    session.execute(update(SAMPLES).where(SAMPLES.c.id == ref.row_id).values(
+        status=SampleStatus.RUNNING, admitted_at=func.coalesce(SAMPLES.c.admitted_at, at), finished_at=None))
 
 
 def end_sample(session: Session, ref: SampleRef, at: float, *, score: float | None,
@@ -48,8 +46,8 @@ def end_sample(session: Session, ref: SampleRef, at: float, *, score: float | No
     if score is not None:
         values["score"] = score
     if result is not None:
-        earlier = session.execute(select(_SAMPLES.c.result).where(_SAMPLES.c.id == ref.row_id)).scalar_one()
+        earlier = session.execute(select(SAMPLES.c.result).where(SAMPLES.c.id == ref.row_id)).scalar_one()
         values["result"] = {**(earlier or {}), **result}
     if error is not None:
         values["error"] = error
-    session.execute(update(_SAMPLES).where(_SAMPLES.c.id == ref.row_id).values(values))
+    session.execute(update(SAMPLES).where(SAMPLES.c.id == ref.row_id).values(values))

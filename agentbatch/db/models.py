@@ -135,6 +135,11 @@ class Step(Base):
     task_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
+# The two models' Core tables, for statements that skip the ORM (the writer's rows, fencing, gateway rows).
+SAMPLES = Sample.metadata.tables[Sample.__tablename__]
+STEPS = Step.metadata.tables[Step.__tablename__]
+
+
 class Worker(Base):
     """An engine worker or environment host that served a batch (endpoint, settings, metrics)."""
 

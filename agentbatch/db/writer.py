@@ -48,15 +48,13 @@ from sqlalchemy.orm import Session
 
 from agentbatch.db.fencing import locked_tokens
 from agentbatch.db.leases import LeaseLost
-from agentbatch.db.models import Sample, Step
+from agentbatch.db.models import SAMPLES, STEPS
 from agentbatch.db.step_records import SampleKey, StepWrite, sample_id_of, sample_update
 from agentbatch.db.store import Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_STEPS = Step.metadata.tables[Step.__tablename__]
-_SAMPLES = Sample.metadata.tables[Sample.__tablename__]
 _KEY = ("sample_id", "index", "attempt")
 # Columns kept when set: a resumed sample keeps its first admission time and its last worker.
 _KEEP_FIRST = frozenset({"admitted_at"})
@@ -119,12 +117,12 @@ def _update_statements(merged: dict[int, dict[str, Any]]) -> Iterable[tuple[Any,
         for c in columns:
             param: BindParameter[Any] = bindparam(f"_{c}")
             if c in _KEEP_FIRST:
-                assignments[c] = func.coalesce(_SAMPLES.c[c], param)
+                assignments[c] = func.coalesce(SAMPLES.c[c], param)
             elif c in _KEEP_IF_NULL:
-                assignments[c] = func.coalesce(param, _SAMPLES.c[c])
+                assignments[c] = func.coalesce(param, SAMPLES.c[c])
             else:
                 assignments[c] = param
-        yield update(_SAMPLES).where(_SAMPLES.c.id == bindparam("_sid")).values(**assignments), rows
+        yield update(SAMPLES).where(SAMPLES.c.id == bindparam("_sid")).values(**assignments), rows
 
 
 def _apply_rows(conn: Connection, ops: list[_Op]) -> None:
@@ -144,12 +142,12 @@ def _apply_rows(conn: Connection, ops: list[_Op]) -> None:
             values = merged.setdefault(sample_id_of(op.sample), {})
             values.update((k, v) for k, v in op.sample_values.items() if k not in _KEEP_FIRST or k not in values)
     for rows in inserts.values():
-        conn.execute(insert(_STEPS), rows)
+        conn.execute(insert(STEPS), rows)
     for columns, params in updates.items():
-        where = (_STEPS.c.sample_id == bindparam("_sample_id")) & (_STEPS.c.index == bindparam("_index")) & (
-            _STEPS.c.attempt == bindparam("_attempt"))
+        where = (STEPS.c.sample_id == bindparam("_sample_id")) & (STEPS.c.index == bindparam("_index")) & (
+            STEPS.c.attempt == bindparam("_attempt"))
         values = {c: bindparam(f"_{c}") for c in columns if c not in _KEY}
-        conn.execute(update(_STEPS).where(where).values(**values), params)
+        conn.execute(update(STEPS).where(where).values(**values), params)
     for statement, rows in _update_statements(merged):
         conn.execute(statement, rows)
 
