@@ -89,16 +89,16 @@ def test_calls_share_a_kept_alive_connection_and_drop_one_the_upstream_closed():
         async with direct_caller(f"http://127.0.0.1:{port}/mcp", 30) as direct:
             for i in range(5):
                 assert (await direct.call("echo", {"text": f"t{i}"})).content[0].text == f"t{i}"
-            assert len(direct._idle) == 1  # one connection carried the five calls
+            assert len(direct.pool.idle) == 1  # one connection carried the five calls
             await asyncio.gather(*(direct.call("sleep", {"seconds": 0.2}) for _ in range(3)))
-            assert len(direct._idle) == 3  # concurrent calls: a connection each, all kept
+            assert len(direct.pool.idle) == 3  # concurrent calls: a connection each, all kept
             procs[0].terminate()  # the upstream goes away and comes back on the same port
             procs[0].wait(timeout=30)
             procs.append(start_probe(port))
             await asyncio.sleep(0.2)  # the loop sees the old connections close
             result = await direct.call("echo", {"text": "again"})
             assert result.content[0].text == "again" and not result.is_error
-            assert len(direct._idle) == 1
+            assert len(direct.pool.idle) == 1
 
     try:
         asyncio.run(main())
