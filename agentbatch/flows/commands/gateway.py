@@ -186,11 +186,6 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
                                                per_sample_upstreams=tuple(options.get("mcp_per_sample") or ())),
                       cluster=cluster)
     server = uvicorn_server(gateway)
-    # What the start-up left (the imports of Prefect, SQLAlchemy, pydantic: about a million objects) is
-    # set aside from the garbage collector: a full collection walked all of it (~150 ms of CPU) while
-    # the first requests ran.
-    gc.collect()
-    gc.freeze()
     watcher = asyncio.create_task(_watch(gateway, options)) if not options.get("member") else None
     settle_heap()
     try:
