@@ -56,3 +56,18 @@ def test_samples_start_one_after_another() -> None:
     # admitted together at 0, the four chains' first steps are queued 0.5 s apart
     assert first == pytest.approx([0.5, 1.0, 1.5, 2.0])
     assert simulate(trace, VirtualConfig(**cfg)).steps_frame().groupby("sample_id").enqueued_at.min().max() == 0.0
+
+
+def test_a_sample_starts_its_latency_after_its_admission() -> None:
+    trace = generate("swe_like", 4, seed=3)
+    cfg = dict(workers=1, profile="llama3-8b-h100", max_active=2, env_slots=4, inference="recorded", priors={},
+               admission_control="static")  # fmt: skip
+    r = simulate(trace, VirtualConfig(**cfg, sample_start_latency_s=0.75, sample_start_s=0.5))
+    first = r.steps_frame().groupby("sample_id").enqueued_at.min()
+    admitted = r.samples_frame().set_index("index").admitted_at
+    # the two admitted at 0 start 0.75 s later, one after another; each admitted later (when one
+    # finishes) starts 0.75 + 0.5 s after its admission, the others having started long before
+    assert first.sort_values().tolist()[:2] == pytest.approx([1.25, 1.75])
+    late = admitted[admitted > 0].index
+    assert len(late) == 2
+    assert (first[late] - admitted[late]).tolist() == pytest.approx([1.25, 1.25])

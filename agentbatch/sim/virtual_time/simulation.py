@@ -81,6 +81,9 @@ class VirtualConfig:
     # the live runner starts sample chains one after another: an admitted sample's first step is queued
     # this long after the previous sample's start or its own admission, whichever is later (0: all at once)
     sample_start_s: float = 0.0
+    # the live runner's own time from a sample's admission to its first step (the store's write, the
+    # environment's start): its first step is queued no sooner than this after its admission (0: at once)
+    sample_start_latency_s: float = 0.0
     priors: dict[str, float] | None = None  # task id -> expected chain steps (history-aware CAAS)
     # task id -> the context a task's chain reaches (`context_priors`; the "kv_balanced" admission order)
     context_priors: dict[str, float] | None = None
@@ -339,8 +342,8 @@ class VirtualBatch:
         s = cast(_Sample, g.ticket.payload)
         if g.resource == ADMISSION:
             s.admitted_at = now
-            if self.cfg.sample_start_s > 0:
-                self._next_start = max(now, self._next_start) + self.cfg.sample_start_s
+            if self.cfg.sample_start_s > 0 or self.cfg.sample_start_latency_s > 0:
+                self._next_start = max(now + self.cfg.sample_start_latency_s, self._next_start) + self.cfg.sample_start_s
                 self._push(self._next_start, _END, "advance", s)
             else:
                 self._advance(s, now)
