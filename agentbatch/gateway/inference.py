@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -24,7 +23,13 @@ from starlette.types import Receive, Scope, Send
 
 from agentbatch.db.step_records import inference_request
 from agentbatch.gateway import jsonio
-from agentbatch.gateway.forward import TRANSPORT_ERRORS, StreamAccumulator, is_answer, outcome_of
+from agentbatch.gateway.forward import (
+    TRANSPORT_ERRORS,
+    StreamAccumulator,
+    WorkerAnswer,
+    is_answer,
+    outcome_of,
+)
 from agentbatch.gateway.identity import SampleIdError, check_sample_id, explicit_inference_id
 from agentbatch.gateway.routing import PARSED_BODY
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
@@ -63,7 +68,7 @@ def request_record(sample: GatewaySample, body: dict[str, Any], priority: int | 
 
 
 async def _send(state: GatewayState, held: HeldSlot, body: bytes,
-                record: dict[str, Any]) -> tuple[aiohttp.ClientResponse | None, Answer | None, str | None]:
+                record: dict[str, Any]) -> tuple[WorkerAnswer | None, Answer | None, str | None]:
     """POST to the chosen worker (the response left open, to be read or streamed); connection errors
     and HTTP 5xx are engine failures, retried by the one retry rule (`protocols/retry.py`); every
     attempt is a step row. When the retries run out: the error (with the worker's last 5xx answer)."""
@@ -71,7 +76,7 @@ async def _send(state: GatewayState, held: HeldSlot, body: bytes,
     assert worker is not None
     last: list[Answer] = []  # the last 5xx answer, read whole
 
-    async def attempt(n: int) -> aiohttp.ClientResponse:
+    async def attempt(n: int) -> WorkerAnswer:
         held.begin(state, record)
         try:
             resp = await state.pool.post(worker, body)
@@ -109,7 +114,7 @@ def _done(state: GatewayState, held: HeldSlot, *, completed: bool, answered: boo
     state.counters.failed += not completed
 
 
-async def _answer(state: GatewayState, held: HeldSlot, response: aiohttp.ClientResponse) -> Response:
+async def _answer(state: GatewayState, held: HeldSlot, response: WorkerAnswer) -> Response:
     """A whole (non-streamed) answer: record it and hand it back unchanged."""
     try:
         resp = Answer(response.status, await response.read())
@@ -151,7 +156,7 @@ class _GuardedStream(StreamingResponse):
             self.cleanup(False)
 
 
-def _stream(state: GatewayState, held: HeldSlot, resp: aiohttp.ClientResponse, keep_usage: bool) -> Response:
+def _stream(state: GatewayState, held: HeldSlot, resp: WorkerAnswer, keep_usage: bool) -> Response:
     """Pass the worker's SSE events through as they come; record the rebuilt answer at the end."""
     acc = StreamAccumulator()
     state.counters.streamed += 1
@@ -159,6 +164,7 @@ def _stream(state: GatewayState, held: HeldSlot, resp: aiohttp.ClientResponse, k
 
     def cleanup(completed: bool) -> None:
         nonlocal closed
+        resp.release()  # done already after the events; not for a stream cut off before its first byte
         if closed or held.released:  # ended already (the shutdown cancelled it)
             return
         closed = True
@@ -172,7 +178,7 @@ def _stream(state: GatewayState, held: HeldSlot, resp: aiohttp.ClientResponse, k
     async def events() -> AsyncIterator[bytes]:
         completed = False
         try:
-            async for raw in resp.content.iter_any():
+            async for raw in resp.pieces():
                 if out := acc.feed(raw, keep_usage_chunk=keep_usage):
                     yield out
             if rest := acc.flush():

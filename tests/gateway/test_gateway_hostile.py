@@ -143,6 +143,27 @@ def test_worker_breaking_off_its_answer_is_a_502_and_a_failed_step(sqlite_url):
     assert [s.status for s in store.steps(batch_id)] == ["failed"] * 3
 
 
+def test_a_worker_5xx_is_retried_then_passed_on(sqlite_url):
+    """Each 5xx answer is a failed attempt, retried; when the retries run out the harness gets the
+    worker's own last answer."""
+    body = b'{"error": "too busy"}'
+    busy = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body), body)
+    store = Store(sqlite_url)
+    with raw_worker(busy) as url:
+        endpoints = [WorkerEndpoint("w0", url, MODEL)]
+        settings = GatewaySettings(metrics_interval_s=0, retry=RetryPolicy(inference=1, backoff_s=0.01))
+        with serve_gateway(store, gateway_config(endpoints), endpoints, settings=settings) as gw:
+            answer = httpx.post(gw.base_url + "/v1/chat/completions", json={**CHAT, "user": "busy"}, timeout=30)
+            after = idle(gw.base_url)
+            batch_id = gw.batch_id
+    assert (answer.status_code, answer.content) == (503, body)
+    assert after["failed"] == 1
+    steps = store.steps(batch_id)
+    assert [(s.attempt, s.status) for s in steps] == [(1, "failed"), (2, "failed")]
+    assert all("HTTP 503" in (s.error or "") and "too busy" in (s.error or "") for s in steps)
+
+
 def test_client_leaving_a_stream_gives_the_slot_back(sqlite_url):
     store = Store(sqlite_url)
     with raw_worker(FIRST_EVENT, hang_s=60) as url:  # one event, then nothing for a minute
