@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ METADATA_KEYS = ("agentbatch_sample", "session_id", "sample_id")
 MCP_META_KEY = "agentbatch/sample"
 MCP_SESSION_HEADER = "mcp-session-id"
 MAX_SAMPLE_ID = 200  # the store's `task_id` column
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class SampleIdError(ValueError):
@@ -37,8 +39,8 @@ def check_sample_id(value: str, source: str) -> str:
         raise SampleIdError(f"{source}: the sample id is empty")
     if len(value) > MAX_SAMPLE_ID:
         raise SampleIdError(f"{source}: the sample id has {len(value)} characters; at most {MAX_SAMPLE_ID}")
-    if bad := next((c for c in value if ord(c) < 32 or ord(c) == 127), None):
-        raise SampleIdError(f"{source}: the sample id contains the control character {bad!r}")
+    if bad := _CONTROL.search(value):
+        raise SampleIdError(f"{source}: the sample id contains the control character {bad.group()!r}")
     return value
 
 

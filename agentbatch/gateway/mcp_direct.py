@@ -27,6 +27,7 @@ from agentbatch.gateway import http1, jsonio
 from agentbatch.protocols.environment import EnvironmentFailure, EnvironmentUnreachable
 
 STATELESS_VERSION = "2026-07-28"
+_NAMES_MAX = 1024  # tools whose request head is kept
 
 
 class DirectCaller:
@@ -47,6 +48,7 @@ class DirectCaller:
     def _aim(self) -> http1.Pool:
         """The connections to the upstream's URL, and the request head for it (again when the URL changes)."""
         self._url = self.conn.spec.url or ""
+        self._names: dict[str, bytes] = {}  # tool -> the request head up to its Mcp-Name header
         pool = http1.Pool(self._url)
         self._head = (f"POST {pool.target} HTTP/1.1\r\nhost: {pool.host}\r\naccept: application/json, text/event-stream\r\n"
                       f"content-type: application/json\r\nmcp-protocol-version: {self.version}\r\n"
@@ -85,9 +87,9 @@ class DirectCaller:
         request_id = next(self._ids)
         body = jsonio.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {
             "_meta": {**(meta or {}), **self._envelope}, "name": name, "arguments": arguments}})
-        headers = {"mcp-name": encode_header_value(name), **self._param_headers(name, arguments),
-                   "content-length": str(len(body))}
-        request = (self._head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
+        head = self._names.get(name) or self._name_head(name)
+        params = "".join(f"{k}: {v}\r\n" for k, v in self._param_headers(name, arguments).items())
+        request = b"%s%scontent-length: %d\r\n\r\n%s" % (head, params.encode(), len(body), body)
         pool = self.pool
         connection: http1.Connection | None = None
         try:
@@ -107,6 +109,13 @@ class DirectCaller:
             if connection is not None:
                 pool.release(connection)  # kept when its answer was read whole
         return self._result(name, status, kind, raw, request_id)
+
+    def _name_head(self, name: str) -> bytes:
+        """The request head up to the tool's name (made once per tool)."""
+        if len(self._names) >= _NAMES_MAX:
+            self._names.clear()
+        head = self._names[name] = (self._head + f"mcp-name: {encode_header_value(name)}\r\n").encode()
+        return head
 
     def _result(self, name: str, status: int, kind: str, raw: bytes, request_id: int) -> types.CallToolResult:
         spec = self.conn.spec

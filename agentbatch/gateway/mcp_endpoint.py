@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 METHOD = "tools/call"
 PING_INTERVAL_S = 15.0  # the SDK's window before a reply turns into SSE, and its keep-alive interval
+WATCH_AFTER_S = 0.05  # a call still running after this is watched for its client's disconnect
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache, no-transform"),
                (b"connection", b"keep-alive"), (b"x-accel-buffering", b"no")]
 _ROUTING = (MCP_PROTOCOL_VERSION_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER)
@@ -95,7 +96,8 @@ class McpEndpoint:
             return
         headers = _headers(scope["headers"])
         messages, body = await _read_body(receive, self.max_body_bytes)
-        if headers is not None and body is not None and await self._door_open(headers):
+        if headers is not None and body is not None and (self._door.get(_door_key(headers))
+                                                         or await self._door_open(headers)):
             call = self._parse(scope, headers, body)
             if call is not None:
                 self.served += 1
@@ -110,8 +112,7 @@ class McpEndpoint:
     # --- the checks ----------------------------------------------------------------------------------------
     async def _door_open(self, headers: dict[str, str]) -> bool:
         """The transport's checks on the head (Content-Type, Host, Origin, Accept), remembered per value."""
-        key = (headers.get("content-type", ""), headers.get("host", ""), headers.get("origin", ""),
-               headers.get("accept", ""))
+        key = _door_key(headers)
         verdict = self._door.get(key)
         if verdict is None:
             raw = [(name.encode("latin-1"), value.encode("latin-1"))
@@ -163,30 +164,17 @@ class McpEndpoint:
     async def _serve(self, call: _Call, headers: dict[str, str], receive: Receive, send: Send) -> None:
         """Run the call (cancelled when the client disconnects) and send its reply: JSON, or SSE once
         the call outlives the window."""
-        me = asyncio.current_task()
-        assert me is not None
-        gone = asyncio.Event()
-        stream = _Stream(send)
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-            me.cancel()
-
-        watcher = asyncio.create_task(watch())
-        window = asyncio.get_running_loop().call_later(PING_INTERVAL_S, stream.open)
+        channel = _Channel(receive, send)
         try:
             reply = await self._reply(call, headers)
         except asyncio.CancelledError:
-            if gone.is_set() and me.uncancel() == 0:
+            if channel.gone and channel.task.uncancel() == 0:
                 return  # the client left: the call was cut, nobody is there to answer
             raise
         finally:  # no await before the watcher is cancelled: it cannot cancel what follows
-            window.cancel()
-            watcher.cancel()
-            await stream.close()
-        await stream.finish(reply)
+            channel.stop_watching()
+            await channel.stop_pings()
+        await channel.finish(reply)
 
     async def _reply(self, call: _Call, headers: dict[str, str]) -> dict[str, Any]:
         """The JSON-RPC reply, a result or the error the SDK makes of a failing handler."""
@@ -217,29 +205,55 @@ class McpEndpoint:
         return dumped
 
 
-class _Stream:
-    """The reply's channel: JSON unless `open` (the window passed) turned it into an SSE stream with
-    keep-alive pings; the pings and the final event never interleave."""
+class _Channel:
+    """The reply's channel, and the client on it. Once the call outlives `WATCH_AFTER_S` a watcher
+    cancels the call when the client disconnects; once it outlives the window (`PING_INTERVAL_S`) the
+    reply turns into an SSE stream with keep-alive pings, which never interleave with the final event.
+    A call answered sooner (the usual one) costs one timer: no watcher task, no lock."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.receive = receive
         self.send = send
-        self._lock = asyncio.Lock()
+        self.gone = False  # the client disconnected (the watcher cancelled the call)
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(WATCH_AFTER_S, self._watch)
+        self._watcher: asyncio.Task[None] | None = None
         self._pinger: asyncio.Task[None] | None = None
+        self._lock: asyncio.Lock | None = None
 
-    def open(self) -> None:
-        self._pinger = asyncio.get_running_loop().create_task(self._ping())
+    def _watch(self) -> None:
+        self._watcher = self._loop.create_task(self._wait_gone())
+        self._timer = self._loop.call_later(max(0.0, PING_INTERVAL_S - WATCH_AFTER_S), self._open)
 
-    async def _ping(self) -> None:
-        async with self._lock:
+    async def _wait_gone(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        self.task.cancel()
+
+    def _open(self) -> None:
+        self._lock = asyncio.Lock()
+        self._pinger = self._loop.create_task(self._ping(self._lock))
+
+    async def _ping(self, lock: asyncio.Lock) -> None:
+        async with lock:
             await self.send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
         while True:
-            async with self._lock:
+            async with lock:
                 await self.send({"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True})
             await asyncio.sleep(PING_INTERVAL_S)
 
-    async def close(self) -> None:
+    def stop_watching(self) -> None:
+        self._timer.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    async def stop_pings(self) -> None:
         """Stop the pings (not in the middle of one)."""
-        if self._pinger is not None:
+        if self._pinger is not None and self._lock is not None:
             async with self._lock:
                 self._pinger.cancel()
 
@@ -256,10 +270,18 @@ class _Stream:
         await self.send({"type": "http.response.body", "body": data})
 
 
+def _door_key(headers: dict[str, str]) -> tuple[str, str, str, str]:
+    return (headers.get("content-type", ""), headers.get("host", ""), headers.get("origin", ""),
+            headers.get("accept", ""))
+
+
 def _headers(raw: list[tuple[bytes, bytes]]) -> dict[str, str] | None:
     """The request's headers (lowercase names, the first of repeated ones), or None when a routing
     header repeats (the SDK refuses that)."""
-    headers: dict[str, str] = {}
+    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in raw}
+    if len(headers) == len(raw):  # no name repeats (the usual request)
+        return headers
+    headers = {}
     for name, value in raw:
         key = name.decode("latin-1")
         if key in headers:
