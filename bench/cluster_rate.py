@@ -12,12 +12,15 @@ that process, or psutil for the gateway's), not wall time, so the figures hold o
   (a 8 k-token system prompt, observations appended each step) and 16 tool schemas.
 - `agentbatch gateway --processes N` (N = 1, 2, 4; several processes on PostgreSQL, `--db` or
   $AGENTBATCH_TEST_PG_URL) in front of the fake worker and the probe MCP server: concurrent clients
-  send growing 8 k+ token conversations to /v1/chat/completions, then `echo` tool calls through /mcp.
-  The gateway's CPU (all its processes) per request and per tool call.
+  send growing 8 k+ token conversations to /v1/chat/completions, the same streamed (`stream: true`: the
+  fake worker sends a 64-token answer as 68 SSE events, each written by itself), then `echo` tool
+  calls through /mcp. The gateway's CPU (all its processes) per request, streamed request and tool call.
 
-Last line: `runner ms/step A (visible) B (lean); gateway req/s/core C; tool calls/s/core D`.
+Last line: `runner ms/step A (visible) B (lean); gateway req/s/core C; tool calls/s/core D; ...;
+streamed req/s/core E`.
 
-    .venv/bin/python bench/cluster_rate.py [--samples 24] [--requests 400] [--tool-calls 400] [--processes 1,2,4]
+    .venv/bin/python bench/cluster_rate.py [--samples 24] [--requests 400] [--streamed 400] [--tool-calls 400]
+        [--processes 1,2,4]
 """
 
 from __future__ import annotations
@@ -55,16 +58,45 @@ def tool_schemas(n: int = TOOLS) -> list[dict[str, Any]]:
 
 # --- the fake worker ------------------------------------------------------------------------------------
 
-def serve_fake(port: int) -> None:
-    """A raw-asyncio HTTP/1.1 server (keep-alive) answering POST /chat/completions at once."""
-    answer = {"role": "assistant", "content": "Looking it up. " * 8, "tool_calls": [{
-        "id": "call_0", "type": "function", "function": {"name": "tool_0", "arguments": '{"query": "x"}'}}]}
+ANSWER = {"role": "assistant", "content": "Looking it up. " * 8, "tool_calls": [{
+    "id": "call_0", "type": "function", "function": {"name": "tool_0", "arguments": '{"query": "x"}'}}]}
+STREAMED_WORDS = ("Looking it up. " * 16).split()  # a streamed answer: 64 tokens, one event each
+STREAMED = {**ANSWER, "content": "".join(w + " " for w in STREAMED_WORDS)}
 
-    def reply(body: bytes) -> bytes:
+
+def sse_events(request: dict[str, Any]) -> list[bytes]:
+    """A streamed answer as a vLLM server sends it: role, 64 content deltas, the tool call, the finish,
+    the usage chunk when asked for, [DONE]."""
+    def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        chunk = {"id": "fake", "object": "chat.completion.chunk", "model": "fake", "choices": choices, **extra}
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
+        return event([{"index": 0, "delta": d, "finish_reason": finish}])
+
+    call = {**ANSWER["tool_calls"][0], "index": 0}
+    events = [delta({"role": "assistant", "content": ""}), *(delta({"content": w + " "}) for w in STREAMED_WORDS),
+              delta({"tool_calls": [call]}), delta({}, "tool_calls")]
+    if (request.get("stream_options") or {}).get("include_usage"):
+        events.append(event([], usage={"prompt_tokens": 1000, "completion_tokens": len(STREAMED_WORDS) + 4,
+                                       "total_tokens": 1068}))
+    return [*events, b"data: [DONE]\n\n"]
+
+
+def serve_fake(port: int) -> None:
+    """A raw-asyncio HTTP/1.1 server (keep-alive) answering POST /chat/completions at once (chunked SSE
+    events, each written by itself, when the request streams)."""
+    answer = ANSWER
+
+    def reply(body: bytes) -> bytes | list[bytes]:
         try:
-            max_tokens = json.loads(body).get("max_tokens") or 32
+            request = json.loads(body)
+            max_tokens = request.get("max_tokens") or 32
         except ValueError:
             return b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n"
+        if request.get("stream"):
+            return [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+                    *(b"%x\r\n%s\r\n" % (len(e), e) for e in sse_events(request)), b"0\r\n\r\n"]
         data = json.dumps({"id": "fake", "object": "chat.completion", "model": "fake", "choices": [
             {"index": 0, "message": answer, "finish_reason": "tool_calls"}], "usage": {
             "prompt_tokens": len(body) // 5, "completion_tokens": max_tokens,
@@ -80,11 +112,11 @@ def serve_fake(port: int) -> None:
                     if line.lower().startswith(b"content-length:"):
                         length = int(line.split(b":", 1)[1])
                 body = await reader.readexactly(length) if length else b""
-                if head.startswith(b"GET"):
-                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                else:
-                    writer.write(reply(body))
-                await writer.drain()
+                out = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok" if head.startswith(b"GET") else reply(body)
+                for piece in [out] if isinstance(out, bytes) else out:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0)  # events leave one by one, as a server decoding token by token sends them
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -182,6 +214,32 @@ async def drive_inference(url: str, requests: int, clients: int) -> None:
         await asyncio.gather(*(client_loop(http, c) for c in range(clients)))
 
 
+async def drive_streamed(url: str, requests: int, clients: int) -> None:
+    """As `drive_inference`, streamed: each answer read event by event to its [DONE]."""
+    import httpx
+
+    from agentbatch.traces.conversation import filler
+
+    system = filler(SYSTEM_TOKENS, "system/cluster-rate")
+    tools = tool_schemas()
+    counter = iter(range(requests))
+
+    async def client_loop(http: httpx.AsyncClient, c: int) -> None:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": filler(400, f"stream/{c}")}]
+        for i in counter:
+            body = {"model": "fake", "messages": messages, "tools": tools, "max_tokens": 64, "user": f"streamed-{c}",
+                    "stream": True}
+            async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200, await r.aread()
+                events = [line async for line in r.aiter_lines() if line.startswith("data:")]
+            assert events[-1] == "data: [DONE]" and len(events) == len(STREAMED_WORDS) + 4, events[-3:]
+            messages = [*messages, STREAMED,
+                        {"role": "tool", "tool_call_id": "call_0", "content": filler(300, f"obs/{c}/{i}")}]
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
+        await asyncio.gather(*(client_loop(http, c) for c in range(clients)))
+
+
 async def drive_tools(url: str, calls: int, clients: int) -> None:
     from mcp import Client
 
@@ -256,18 +314,22 @@ def gateway_cpu_s(proc: Any) -> float:
 
 def measure_gateway(tmp: Path, probe: str, worker: str, args: argparse.Namespace, processes: int) -> dict[str, float]:
     db = args.db or f"sqlite:///{tmp / f'gateway-{processes}.sqlite'}"  # one store kind for every count
-    out = {"inference": (0.0, 0.0), "tools": (0.0, 0.0)}
+    out = {"inference": (0.0, 0.0), "streamed": (0.0, 0.0), "tools": (0.0, 0.0)}
     parts = (("inference", lambda: drive_inference(gw, 20, 4)),  # warm-up
              ("inference", lambda: drive_inference(gw, args.requests, args.clients)),
+             ("streamed", lambda: drive_streamed(gw, 20, 4)),
+             ("streamed", lambda: drive_streamed(gw, args.streamed, args.clients)),
              ("tools", lambda: drive_tools(gw, 20, 4)),
              ("tools", lambda: drive_tools(gw, args.tool_calls, args.clients)))
+    counts = {"inference": args.requests, "streamed": args.streamed, "tools": args.tool_calls}
     with gateway_processes(tmp, worker, probe, processes, db) as (gw, proc):
-        # --requests 0 / --tool-calls 0: that part is skipped, warm-up included
-        for name, run in [(n, r) for n, r in parts if (args.requests if n == "inference" else args.tool_calls)]:
+        # --requests 0 / --streamed 0 / --tool-calls 0: that part is skipped, warm-up included
+        for name, run in [(n, r) for n, r in parts if counts[n]]:
             before, wall = gateway_cpu_s(proc), time.perf_counter()
             asyncio.run(run())
             out[name] = (gateway_cpu_s(proc) - before, time.perf_counter() - wall)
     return {"req_cpu_s": out["inference"][0], "req_wall_s": out["inference"][1],
+            "stream_cpu_s": out["streamed"][0], "stream_wall_s": out["streamed"][1],
             "tool_cpu_s": out["tools"][0], "tool_wall_s": out["tools"][1]}
 
 
@@ -291,11 +353,25 @@ def print_gateway(gws: dict[int, dict[str, float]], args: argparse.Namespace) ->
     return rates[min(rates)][0], rates[min(rates)][1], more
 
 
+def print_streamed(gws: dict[int, dict[str, float]], args: argparse.Namespace) -> tuple[str, str]:
+    """The gateway's streamed requests; returns the rate of the fewest processes and the others' as text."""
+    rates = {n: args.streamed / gw["stream_cpu_s"] if gw["stream_cpu_s"] else 0.0 for n, gw in gws.items()}
+    print("| gateway processes | streamed requests | CPU s | ms/request | streamed req/s per core | wall req/s |")
+    print("|---|---|---|---|---|---|")
+    for n, gw in gws.items():
+        ms = f"{1000 / rates[n]:.2f}" if rates[n] else "n/a"
+        print(f"| {n} | {args.streamed} | {gw['stream_cpu_s']:.2f} | {ms} | {rates[n]:.0f} | "
+              f"{args.streamed / max(gw['stream_wall_s'], 1e-9):.0f} |")
+    more = "".join(f" ({n} processes: {rates[n]:.0f})" for n in rates if n != min(rates))
+    return (f"{rates[min(rates)]:.0f}" if rates[min(rates)] else "n/a"), more
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=24, help="samples of the recorded batch per mode")
     parser.add_argument("--requests", type=int, default=400, help="inference requests through the gateway (0: none)")
+    parser.add_argument("--streamed", type=int, default=400,
+                        help="streamed inference requests through the gateway, 64-token answers (0: none)")
     parser.add_argument("--tool-calls", type=int, default=400, help="tool calls through the gateway's /mcp (0: none)")
     parser.add_argument("--clients", type=int, default=16, help="concurrent gateway clients")
     # steps last: its thousands of Prefect task runs keep the Prefect server busy for a while after the
@@ -337,16 +413,18 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for mode, (wall, cpu, steps) in rows.items():
         print(f"| {mode} | {steps} | {wall:.2f} | {cpu:.2f} | {1000 * cpu / steps:.2f} | {steps / cpu:.0f} |")
-    req, tools, more = "n/a", "n/a", ""
+    req, tools, more, streamed, streamed_more = "n/a", "n/a", "", "n/a", ""
     if gws:
         req_rate, tool_rate, more = print_gateway(gws, args)
         req, tools = f"{req_rate:.0f}", f"{tool_rate:.0f}"
+        streamed, streamed_more = print_streamed(gws, args)
 
     def ms(mode: str) -> str:
         return f"{1000 * rows[mode][1] / rows[mode][2]:.2f}" if mode in rows else "n/a"
 
     print(f"runner ms/step {ms('chains')} (visible) {ms('lean')} (lean); gateway req/s/core {req}; "
-          f"tool calls/s/core {tools}{more}; targets <= 2 / <= 1 ms, >= 1000, >= 2000")
+          f"tool calls/s/core {tools}{more}; targets <= 2 / <= 1 ms, >= 1000, >= 2000; "
+          f"streamed req/s/core {streamed}{streamed_more} (target >= 500)")
     return 0
 
 
