@@ -112,12 +112,15 @@ class Connection(asyncio.Protocol):
             await self._wait(timeout_s)
 
     async def pieces(self, timeout_s: float | None = None) -> AsyncIterator[bytes]:
-        """The answer's body as it arrives."""
+        """The answer's body as it arrives: all that came since the last piece, at once (a read with
+        many chunks of a chunked body in it is one piece)."""
         while True:
             if self._pieces:
-                piece = self._pieces.popleft()
-                self._buffered -= len(piece)
-                if self._paused and self._buffered <= BUFFER_LIMIT and self.transport is not None:
+                pieces = self._pieces
+                piece = pieces.popleft() if len(pieces) == 1 else b"".join(pieces)
+                pieces.clear()
+                self._buffered = 0
+                if self._paused and self.transport is not None:
                     self._paused = False
                     self.transport.resume_reading()
                 yield piece
