@@ -184,7 +184,7 @@ class Gateway:
         app: Any = Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes, *extra], lifespan=lifespan)
         if self.cluster is not None:
             self.router = app = ClusterRouter(app, self.cluster)
-            self.tools.owner_url, self.tools.forwarder = self.cluster.url_of, self.router.session
+            self.tools.owner_url = self.cluster.url_of
         return Guard(app, hosts=self.hosts, max_body_bytes=self.settings.max_body_bytes,
                      body_timeout_s=self.settings.body_timeout_s)
 

@@ -17,11 +17,11 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from starlette.applications import Starlette
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from agentbatch.db.step_records import StepOutcome, environment_request, environment_response
 from agentbatch.environments.mcp_client import McpConnection, McpServerSpec, result_text
@@ -32,6 +32,7 @@ from agentbatch.environments.mcp_env import (
     open_toolset,
     reconnect_dead,
 )
+from agentbatch.gateway import http1, jsonio
 from agentbatch.gateway.cluster import ROUTED_HEADER
 from agentbatch.gateway.identity import MCP_META_KEY, SampleIdError, tool_sample_key
 from agentbatch.gateway.mcp_direct import DirectCaller
@@ -56,9 +57,10 @@ class ToolGateway:
         self._reconnecting = asyncio.Lock()
         self.sessions = SampleSessions(set(per_sample), state.settings.call_timeout_s)
         state.registry.on_end.append(lambda sample: self.sessions.end(sample.key))
-        # With several processes: the owner's internal URL of a sample (None: this one) and the client.
+        # With several processes: the owner's internal URL of a sample (None: this one), and the
+        # connections to each owner.
         self.owner_url: Callable[[str], str | None] | None = None
-        self.forwarder: Callable[[], aiohttp.ClientSession] | None = None
+        self._owners: dict[str, tuple[http1.Pool, bytes]] = {}
         # Shared connections whose calls go straight over HTTP (`mcp_direct.py`).
         self.direct: dict[McpConnection, DirectCaller] = {}
         self.endpoint: McpEndpoint | None = None  # `/mcp` (once the routes are made)
@@ -88,6 +90,8 @@ class ToolGateway:
 
     async def aclose(self) -> None:
         await self.sessions.aclose()
+        for pool, _ in self._owners.values():
+            pool.close()
         for caller in self.direct.values():
             caller.close()
         if self.toolset is not None:
@@ -132,14 +136,31 @@ class ToolGateway:
         return await self.call_here(key, name, arguments)
 
     async def _call_at(self, url: str, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
-        assert self.forwarder is not None
+        """The call, run by the process at `url` (its internal tool-call route), over a kept-alive
+        connection of this process (`http1.py`)."""
+        pool, head = self._owners.get(url) or self._owner(url)
+        body = jsonio.dumps({"sample": key, "name": name, "arguments": arguments})
+        connection: http1.Connection | None = None
         try:
-            async with self.forwarder().post(url + TOOL_CALL_PATH, headers={ROUTED_HEADER: "1"},
-                                             json={"sample": key, "name": name, "arguments": arguments}) as resp:
-                data = await resp.json(content_type=None)
-            return types.CallToolResult.model_validate(data)
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            return _error_result(f"tool {name!r}: the gateway process owning sample {key!r} is unreachable: {exc}")
+            connection = await pool.connection()
+            await connection.send(b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), body))
+            raw = await connection.read()
+            if connection.status != 200:
+                raise ValueError(f"HTTP {connection.status}: {raw[:300]!r}")
+            return types.CallToolResult.model_validate(jsonio.loads(raw))
+        except (*http1.ERRORS, ValueError) as exc:
+            return _error_result(f"tool {name!r}: the gateway process owning sample {key!r} is unreachable: {exc!r}")
+        finally:
+            if connection is not None:
+                pool.release(connection)  # kept when its answer was read whole
+
+    def _owner(self, url: str) -> tuple[http1.Pool, bytes]:
+        """The connections to the process at `url`, and the head of a forwarded call to it."""
+        pool = http1.Pool(url + TOOL_CALL_PATH)
+        head = (f"POST {pool.target} HTTP/1.1\r\nhost: {pool.host}\r\ncontent-type: application/json\r\n"
+                f"{ROUTED_HEADER}: 1\r\n").encode()
+        self._owners[url] = (pool, head)
+        return pool, head
 
     async def call_here(self, key: str, name: str, arguments: dict[str, Any]) -> types.CallToolResult:
         """One tool call of sample `key` on this process, through the environment-slot gate; retried
@@ -186,17 +207,9 @@ class ToolGateway:
                 state.counters.tool_calls += 1
         return result
 
-    def internal_route(self) -> Any:
+    def internal_route(self) -> Route:
         """`POST /v1/internal/tool-call` {sample, name, arguments}: a call another process forwarded."""
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse
-
-        async def handle(request: Request) -> JSONResponse:
-            data = await request.json()
-            result = await self.call_here(str(data["sample"]), str(data["name"]), dict(data.get("arguments") or {}))
-            return JSONResponse(result.model_dump(mode="json", by_alias=True, exclude_none=True))
-
-        return Route(TOOL_CALL_PATH, handle, methods=["POST"])
+        return Route(TOOL_CALL_PATH, _ForwardedCalls(self), methods=["POST"])
 
     def _call_of(self, name: str, arguments: dict[str, Any]) -> Call:
         """The call as the retry rule sees it: its effects land upstream, so a failure after it was sent
@@ -215,6 +228,30 @@ class ToolGateway:
             if self.toolset is not None and not all(c.alive for c in self.toolset.connections):
                 self.toolset = await reconnect_dead(self.toolset, self.state.settings.call_timeout_s)
                 self._direct_callers()
+
+
+class _ForwardedCalls:
+    """The internal tool-call route as a plain ASGI app: the body read and parsed here (orjson), the
+    result sent as JSON bytes, no request and response objects."""
+
+    def __init__(self, tools: ToolGateway) -> None:
+        self.tools = tools
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the forwarding process is gone
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        data = jsonio.loads(body)
+        result = await self.tools.call_here(str(data["sample"]), str(data["name"]), dict(data.get("arguments") or {}))
+        reply = jsonio.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True))
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-length", str(len(reply)).encode()), (b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": reply})
 
 
 class SampleSessions:

@@ -197,3 +197,27 @@ def test_per_sample_upstream_sessions_and_the_sample_in_meta(sqlite_url):
     for pid in {a[0]["pid"], a[2]["pid"], b[0]["pid"]}:  # every per-sample session closed, its process gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_call_whose_owner_process_is_unreachable_is_a_tool_error():
+    """With several processes a call of a sample another process owns goes to that process; when it
+    cannot be reached the harness gets an isError result naming the owner, nothing raises."""
+    from types import SimpleNamespace
+
+    from testkit import free_port
+
+    from agentbatch.gateway.state import GatewaySettings
+    from agentbatch.gateway.tools import ToolGateway
+
+    state = SimpleNamespace(settings=GatewaySettings(), registry=SimpleNamespace(on_end=[]))
+    tools = ToolGateway([], state)  # type: ignore[arg-type]  # only the parts a forwarded call reads
+    dead = f"http://127.0.0.1:{free_port()}"
+    tools.owner_url = lambda key: dead if key == "elsewhere" else None
+
+    async def main() -> None:
+        result = await tools.call("elsewhere", "echo", {"text": "x"})
+        assert result.is_error
+        assert "owning sample 'elsewhere' is unreachable" in result.content[0].text
+        await tools.aclose()
+
+    asyncio.run(main())
