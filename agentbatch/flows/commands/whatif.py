@@ -9,12 +9,14 @@ policy portfolio, docs/method.md; `--policy list` names them). The change's effe
 the two predictions, so the model's error on this batch cancels out to first order.
 
 The live runner spends time of its own on every step (the HTTP round trip and tokenizing of a call,
-the store's commit, the gap until the sample's next step is queued) and starts the sample chains
-one after another; on a busy machine that is a large share of a short batch. Both are measured from
-the recorded steps (the time an inference call took beyond the engine's own prefill, decode and
-queue, plus the gap until the sample's next step is queued, averaged over all steps; the median spacing of the
-samples' admissions) and replayed as `VirtualConfig.step_latency_s` and `sample_start_s`, so the
-prediction models the runner that recorded the batch.
+the store's commit, the gap until the sample's next step is queued) and in starting the sample
+chains; on a busy machine that is a large share of a short batch. Both are measured from the
+recorded steps and replayed: the time an inference call took beyond the engine's own prefill,
+decode and queue, plus the gap until the sample's next step is queued, averaged over all steps
+(`VirtualConfig.step_latency_s`); the batch's start-up until its first chain starts (added to the
+prediction), the spacing of the first steps of the samples admitted at the start
+(`sample_start_s`) and, for a sample admitted later, the time from its admission to its first step
+(`sample_start_latency_s`), so the prediction models the runner that recorded the batch.
 
 The engine model needs the workers' profile and speed: `--profile` and `--time-scale` (the speed
 `serve-sim --time-scale` or the replay engine ran at: 0.1 = ten times faster than real time); by
@@ -54,6 +56,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=quiet_on_closed_pipe(run))
 
 
+@dataclass(frozen=True)
+class StartCosts:
+    """What the runner spends starting sample chains (wall seconds, measured from the recorded batch)."""
+
+    offset_s: float  # from the first admission to the batch's first step, beyond latency and spacing
+    spacing_s: float  # between the first steps of the samples admitted at the start (median)
+    latency_s: float  # from a later admission to the sample's first step (median; 0 if none was later)
+
+
 @dataclass
 class Recorded:
     """What the store holds of the batch: its trace, scheduling config, engine and makespan."""
@@ -64,7 +75,7 @@ class Recorded:
     workers: int
     makespan_s: float
     step_cost_s: float = 0.0  # the runner's own wall seconds per step (measured)
-    start_gap_s: float = 0.0  # wall seconds between consecutive admissions (median)
+    start: StartCosts = StartCosts(0.0, 0.0, 0.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,10 +119,9 @@ def load(store: Any, batch_id: int) -> Recorded:
                          "whatif replays a finished batch")
     config = from_stored(row.config)
     trace = export_batch(store, batch_id)
-    admitted = sorted(s.admitted_at for s in done)
-    makespan = max(s.finished_at for s in done) - admitted[0]
+    makespan = max(s.finished_at for s in done) - min(s.admitted_at for s in done)
     return Recorded(trace, dict(config.get("scheduling") or {}), dict(config.get("engine") or {}),
-                    _engine_workers(trace), makespan, runner_cost(trace), _median_gap(admitted))  # fmt: skip
+                    _engine_workers(trace), makespan, runner_cost(trace), start_costs(trace))  # fmt: skip
 
 
 def _engine_workers(trace: Any) -> int:
@@ -119,9 +129,22 @@ def _engine_workers(trace: Any) -> int:
     return len({st.worker for s in trace.samples for st in s.steps if st.kind == "inference" and st.worker})
 
 
-def _median_gap(times: list[float]) -> float:
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    return statistics.median(gaps) if gaps else 0.0
+def start_costs(trace: Any) -> StartCosts:
+    """How the runner started the recorded chains. The samples admitted at the start (before any
+    finished) are admitted together, but each first stamps its admission and writes it to the store,
+    so their stamps are spread while their first steps are queued close together after the batch's
+    start-up: the spacing of those first steps, not of the stamps, is what the simulation needs. A
+    sample admitted later (a slot freed) queues its first step a latency after its admission."""
+    samples = [s for s in trace.samples if s.steps and s.admitted_at is not None and s.steps[0].enqueued_at is not None]
+    if not samples:
+        return StartCosts(0.0, 0.0, 0.0)
+    t0 = min(s.admitted_at for s in samples)
+    first_end = min(s.finished_at for s in samples)
+    wave = sorted(s.steps[0].enqueued_at for s in samples if s.admitted_at < first_end)
+    late = [s.steps[0].enqueued_at - s.admitted_at for s in samples if s.admitted_at >= first_end]
+    spacing = statistics.median([b - a for a, b in zip(wave, wave[1:], strict=False)]) if len(wave) > 1 else 0.0
+    latency = max(0.0, statistics.median(late)) if late else 0.0
+    return StartCosts(max(0.0, wave[0] - t0 - latency - spacing), spacing, latency)
 
 
 def runner_cost(trace: Any) -> float:
@@ -160,7 +183,8 @@ def base_config(rec: Recorded, args: argparse.Namespace) -> Any:
                 for k in POLICY_KINDS}  # fmt: skip
     return VirtualConfig(
         workers=workers, profile=profile, env_time_scale=1.0 / scale,
-        step_latency_s=rec.step_cost_s / scale, sample_start_s=rec.start_gap_s / scale,
+        step_latency_s=rec.step_cost_s / scale, sample_start_s=rec.start.spacing_s / scale,
+        sample_start_latency_s=rec.start.latency_s / scale,
         max_active=int(s.get("max_active_samples", DEFAULTS.max_active_samples)),
         env_slots=int(s.get("env_slots", DEFAULTS.env_slots)),
         per_worker_inflight=int(s.get("per_worker_inflight", DEFAULTS.per_worker_inflight)),
@@ -191,11 +215,13 @@ def predict(rec: Recorded, args: argparse.Namespace) -> dict[str, Any]:
         what.append(f"policy {args.policy!r}")
     out: dict[str, Any] = {"recorded_makespan_s": round(rec.makespan_s, 3), "time_scale": scale,
                            "profile": same.profile, "workers": same.workers, "env_slots": same.env_slots,
-                           "runner_step_cost_s": round(rec.step_cost_s, 4), "start_gap_s": round(rec.start_gap_s, 4)}  # fmt: skip
-    out["predicted_same_s"] = round(simulate(rec.trace, same).summary.makespan_s * scale, 3)
+                           "runner_step_cost_s": round(rec.step_cost_s, 4), "start_offset_s": round(rec.start.offset_s, 4),
+                           "start_spacing_s": round(rec.start.spacing_s, 4), "start_latency_s": round(rec.start.latency_s, 4)}  # fmt: skip
+    # the simulation starts its first chain when the recorded batch had started up (offset)
+    out["predicted_same_s"] = round(simulate(rec.trace, same).summary.makespan_s * scale + rec.start.offset_s, 3)
     if what:
         out["change"] = ", ".join(what)
-        out["predicted_changed_s"] = round(simulate(rec.trace, changed).summary.makespan_s * scale, 3)
+        out["predicted_changed_s"] = round(simulate(rec.trace, changed).summary.makespan_s * scale + rec.start.offset_s, 3)
     return out
 
 
@@ -204,7 +230,8 @@ def text(batch_id: int, out: dict[str, Any]) -> str:
     lines = [f"batch {batch_id}: recorded makespan {rec:.1f} s ({out['workers']} engine worker(s), "
              f"{out['env_slots']} environment slots; engine model {out['profile']} at time scale {out['time_scale']:g})",
              f"  predicted, same config:  {same:10.1f} s  (x{same / rec:.3f} of recorded; the runner's measured cost "
-             f"{1000 * out['runner_step_cost_s']:.0f} ms a step, admissions {1000 * out['start_gap_s']:.0f} ms apart)"]  # fmt: skip
+             f"{1000 * out['runner_step_cost_s']:.0f} ms a step, chains started {1000 * out['start_offset_s']:.0f} ms in and "
+             f"{1000 * out['start_spacing_s']:.0f} ms apart)"]  # fmt: skip
     if "change" in out:
         new = out["predicted_changed_s"]
         lines.append(f"  predicted, with {out['change']}: {new:10.1f} s  ({100 * (new / same - 1):+.1f} % "
