@@ -181,7 +181,8 @@ class Gateway:
 
         mcp_routes = self.tools.mcp_routes(self._mcp_app, self._tool_server)
         extra = [self.tools.internal_route()] if self.cluster is not None else []
-        app: Any = Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes, *extra], lifespan=lifespan)
+        app: Any = self.tools.ahead_of(Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes, *extra],
+                                                 lifespan=lifespan))
         if self.cluster is not None:
             self.router = app = ClusterRouter(app, self.cluster)
             self.tools.owner_url = self.cluster.url_of
