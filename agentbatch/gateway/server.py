@@ -30,7 +30,7 @@ from agentbatch.environments.mcp_client import McpServerSpec
 from agentbatch.gateway.cluster import Cluster, ClusterSettings
 from agentbatch.gateway.forward import WorkerEndpoint, WorkerPool
 from agentbatch.gateway.guard import Guard, allowed_hosts, guarded_http, mcp_security
-from agentbatch.gateway.inference import routes
+from agentbatch.gateway.inference import ChatCompletions, routes
 from agentbatch.gateway.routing import ClusterRouter
 from agentbatch.gateway.samples import SampleRegistry
 from agentbatch.gateway.state import GatewaySettings, GatewayState, abandon_step
@@ -181,8 +181,10 @@ class Gateway:
 
         mcp_routes = self.tools.mcp_routes(self._mcp_app, self._tool_server)
         extra = [self.tools.internal_route()] if self.cluster is not None else []
+        # POST /mcp and a chat request go straight to their handlers, the rest through Starlette
         app: Any = self.tools.ahead_of(Starlette(routes=[*routes(self.state, self.request_stop), *mcp_routes, *extra],
-                                                 lifespan=lifespan))
+                                                 lifespan=lifespan),
+                                       {"/v1/chat/completions": ChatCompletions(self.state)})
         if self.cluster is not None:
             self.router = app = ClusterRouter(app, self.cluster)
             self.tools.owner_url = self.cluster.url_of
