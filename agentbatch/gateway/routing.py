@@ -5,7 +5,8 @@ With several processes (`gateway/cluster.py`) every process listens on the publi
 identified as the gateway identifies it (`identity.py`: the explicit id, else the opening of the
 conversation, which every later request of the conversation repeats) and, when another process owns
 that sample, forwarded to the owner's internal port as it came, its answer (or SSE stream) passed
-back as it goes. A sample's finish goes to its owner; a batch finish goes to every process. Tool
+back as it goes (over this process's own kept-alive connections to each owner, `http1.py`). A
+sample's finish goes to its owner; a batch finish goes to every process. Tool
 calls are forwarded one level deeper (`ToolGateway`): the MCP session stays with the process that
 holds it, the call runs on the process that owns the call's sample.
 
@@ -16,20 +17,16 @@ process parses the bodies of its own connections and the owner does the rest.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from typing import Any
 
-import aiohttp
-
-from agentbatch.gateway import jsonio
+from agentbatch.gateway import http1, jsonio
 from agentbatch.gateway.cluster import ROUTED_HEADER, Cluster
 from agentbatch.gateway.identity import SAMPLE_HEADER, SampleIdError, explicit_inference_id, opening_hash
 
 # Hop-by-hop headers, and those the forwarding sets itself.
-_DROPPED = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"accept-encoding"}
-_PASSED_BACK = ("content-type", "cache-control")
+_DROPPED = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "accept-encoding"}
 
 
 # The scope key under which the router keeps its parse of a chat body, (the bytes, `jsonio.loads_passable`'s
@@ -65,18 +62,27 @@ class ClusterRouter:
     def __init__(self, app: Any, cluster: Cluster) -> None:
         self.app = app
         self.cluster = cluster
-        self._session: aiohttp.ClientSession | None = None
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None), connector=aiohttp.TCPConnector(limit=0),
-                auto_decompress=False)
-        return self._session
+        self._owners: dict[str, http1.Pool] = {}  # by the owner's base URL
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for pool in self._owners.values():
+            pool.close()
+
+    async def _post(self, base_url: str, path: str, headers: dict[str, str], body: bytes) -> tuple[http1.Pool,
+                                                                                                  http1.Connection]:
+        """POST to a process; returns once the answer's head is in (read its body, then release it)."""
+        pool = self._owners.get(base_url)
+        if pool is None:
+            pool = self._owners[base_url] = http1.Pool(base_url)
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        head = f"POST {path} HTTP/1.1\r\nhost: {pool.host}\r\n{lines}content-length: {len(body)}\r\n\r\n"
+        conn = await pool.connection()
+        try:
+            await conn.send(head.encode("latin-1"), body)
+        except BaseException:
+            pool.release(conn)  # closed: the exchange was cut off
+            raise
+        return pool, conn
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -89,9 +95,12 @@ class ClusterRouter:
         path = scope["path"]
         if path == "/v1/batch/finish":
             for url in self.cluster.others():
-                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                    async with self.session().post(url + path, headers={ROUTED_HEADER: "1"}) as resp:
-                        await resp.read()
+                with contextlib.suppress(*http1.ERRORS):
+                    pool, conn = await self._post(url, path, {ROUTED_HEADER: "1"}, b"")
+                    try:
+                        await conn.read()
+                    finally:
+                        pool.release(conn)
             await self.app(scope, receive, send)
             return
         message = await receive()
@@ -114,19 +123,22 @@ class ClusterRouter:
 
             await self.app(scope, replay, send)
             return
-        await self._forward(owner_url + path, scope, headers, body, send)
+        await self._forward(owner_url, path, headers, body, send)
 
-    async def _forward(self, url: str, scope: Any, headers: dict[str, str], body: bytes, send: Any) -> None:
-        out = {k: v for k, v in headers.items() if k.encode() not in _DROPPED}
+    async def _forward(self, owner_url: str, path: str, headers: dict[str, str], body: bytes, send: Any) -> None:
+        out = {k: v for k, v in headers.items() if k not in _DROPPED}
         out[ROUTED_HEADER] = "1"
         try:
-            async with self.session().post(url, data=body, headers=out) as resp:
-                passed = [(k.encode(), resp.headers[k].encode()) for k in _PASSED_BACK if k in resp.headers]
-                await send({"type": "http.response.start", "status": resp.status, "headers": passed})
-                async for chunk in resp.content.iter_any():
+            pool, conn = await self._post(owner_url, path, out, body)
+            try:
+                passed = [(b"content-type", conn.content_type.encode("latin-1"))] if conn.content_type else []
+                await send({"type": "http.response.start", "status": conn.status, "headers": passed})
+                async for chunk in conn.pieces():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            finally:
+                pool.release(conn)
+        except http1.ERRORS as exc:
             error = json.dumps({"error": {"message": f"the gateway process owning this sample is unreachable: {exc}",
                                           "type": "BadGatewayError", "code": 502}}).encode()
             with contextlib.suppress(Exception):

@@ -12,7 +12,7 @@ from typing import Any
 from agentbatch.db.store import Store
 from agentbatch.flows.batch import build_coordinator
 from agentbatch.flows.config import BatchConfig
-from agentbatch.gateway.cluster import Cluster, ClusterSettings
+from agentbatch.gateway.cluster import ROUTED_HEADER, Cluster, ClusterSettings
 from agentbatch.gateway.routing import PARSED_BODY, ClusterRouter
 from agentbatch.scheduling.types import SampleProgress
 
@@ -163,3 +163,45 @@ def test_a_beat_still_running_when_the_member_leaves_does_not_bring_it_back(stor
     assert left == [False]  # b is still there
     assert asyncio.run(b.leave(BatchStatus.COMPLETED, None)) is True  # the last one finishes the batch
     assert store.get_batch(batch_id).status == "completed"
+
+
+def test_a_forwarded_request_reaches_the_owner_and_its_stream_comes_back() -> None:
+    """The owner gets the request as it came (hop-by-hop headers dropped, the routed mark added) and
+    its answer comes back as it goes (status, content type, each piece); an owner nobody answers
+    for is a 502."""
+    from test_gateway_forward import _Script
+
+    stream = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+              b"7\r\ndata: 1\r\n", b"7\r\ndata: 2\r\n", b"0\r\n\r\n"]
+    script = _Script(stream)
+
+    async def main() -> tuple[list[dict], list[dict]]:
+        server = await asyncio.start_server(script.handle, "127.0.0.1", 0)
+        owner = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        router = ClusterRouter(None, None)  # type: ignore[arg-type]  # _forward uses neither
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        headers = {"content-type": "application/json", "connection": "keep-alive", "x-agentbatch-sample": "s1"}
+        await router._forward(owner, "/v1/chat/completions", headers, b'{"a": 1}', send)
+        unreachable: list[dict] = []
+
+        async def send_unreachable(message: dict) -> None:
+            unreachable.append(message)
+
+        await router._forward("http://127.0.0.1:9", "/v1/chat/completions", headers, b"{}", send_unreachable)
+        await router.aclose()
+        server.close()
+        return sent, unreachable
+
+    sent, unreachable = asyncio.run(main())
+    assert sent[0] == {"type": "http.response.start", "status": 200,
+                       "headers": [(b"content-type", b"text/event-stream")]}
+    assert [m["body"] for m in sent[1:]] == [b"data: 1", b"data: 2", b""]
+    request = script.requests[0]
+    assert request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n") and request.endswith(b'\r\n\r\n{"a": 1}')
+    assert f"{ROUTED_HEADER}: 1\r\n".encode() in request and b"x-agentbatch-sample: s1\r\n" in request
+    assert b"connection:" not in request.lower()
+    assert unreachable[0]["status"] == 502 and b"unreachable" in unreachable[1]["body"]
