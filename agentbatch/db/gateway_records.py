@@ -12,11 +12,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from agentbatch.db.models import SAMPLES, Batch, Sample, SampleStatus
+from agentbatch.db.models import SAMPLES, Batch, SampleStatus
 from agentbatch.db.step_records import SampleRef
+
+_BATCHES = Batch.metadata.tables[Batch.__tablename__]
+# Built once: a gateway runs them for every sample it sees, and building a statement cost more CPU
+# than executing it.
+_LOCK_BATCH = select(_BATCHES.c.id).where(_BATCHES.c.id == bindparam("batch")).with_for_update()
+_LAST_INDEX = select(func.max(SAMPLES.c.index)).where(SAMPLES.c.batch_id == bindparam("batch"))
+_ADD = insert(SAMPLES).returning(SAMPLES.c.id)
+_ADMIT = update(SAMPLES).where(SAMPLES.c.id == bindparam("sample")).values(
+    status=SampleStatus.RUNNING, admitted_at=func.coalesce(SAMPLES.c.admitted_at, bindparam("at")), finished_at=None)
 
 
 def add_sample(session: Session, ref: SampleRef, batch_id: int, task_id: str,
@@ -25,18 +34,17 @@ def add_sample(session: Session, ref: SampleRef, batch_id: int, task_id: str,
     It stays `pending` until admitted. Under a lock on the batch row: gateway processes that serve one
     batch together append rows at the same time, and the index is unique in the batch. Written as
     one INSERT (no ORM unit of work): a gateway appends a row for every sample it sees."""
-    session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
-    last = session.scalar(select(func.max(Sample.index)).where(Sample.batch_id == batch_id))
-    ref.id = session.execute(insert(SAMPLES).values(
-        batch_id=batch_id, index=(-1 if last is None else last) + 1, task_id=task_id, task=task or {},
-        status=SampleStatus.PENDING).returning(SAMPLES.c.id)).scalar_one()
+    conn = session.connection()  # Core statements: no ORM execution layer per statement
+    conn.execute(_LOCK_BATCH, {"batch": batch_id})
+    last = conn.execute(_LAST_INDEX, {"batch": batch_id}).scalar()
+    ref.id = conn.execute(_ADD, {"batch_id": batch_id, "index": (-1 if last is None else last) + 1, "task_id": task_id,
+                                 "task": task or {}, "status": SampleStatus.PENDING}).scalar_one()
     return ref.id
 
 
 def admit_sample_at(session: Session, ref: SampleRef, at: float) -> None:
     """The sample runs from `at` (first admission), or again after it ended (answer, idle timeout)."""
-    session.execute(update(SAMPLES).where(SAMPLES.c.id == ref.row_id).values(
-        status=SampleStatus.RUNNING, admitted_at=func.coalesce(SAMPLES.c.admitted_at, at), finished_at=None))
+    session.connection().execute(_ADMIT, {"sample": ref.row_id, "at": at})
 
 
 def end_sample(session: Session, ref: SampleRef, at: float, *, score: float | None,
@@ -45,9 +53,10 @@ def end_sample(session: Session, ref: SampleRef, at: float, *, score: float | No
     values: dict[str, Any] = {"status": SampleStatus.FAILED if error else SampleStatus.COMPLETED, "finished_at": at}
     if score is not None:
         values["score"] = score
+    conn = session.connection()
     if result is not None:
-        earlier = session.execute(select(SAMPLES.c.result).where(SAMPLES.c.id == ref.row_id)).scalar_one()
+        earlier = conn.execute(select(SAMPLES.c.result).where(SAMPLES.c.id == ref.row_id)).scalar_one()
         values["result"] = {**(earlier or {}), **result}
     if error is not None:
         values["error"] = error
-    session.execute(update(SAMPLES).where(SAMPLES.c.id == ref.row_id).values(values))
+    conn.execute(update(SAMPLES).where(SAMPLES.c.id == ref.row_id).values(values))

@@ -20,6 +20,7 @@ from sqlalchemy import (
     Executable,
     Float,
     Row,
+    bindparam,
     case,
     event,
     func,
@@ -36,6 +37,7 @@ from agentbatch.db.fencing import still_held
 from agentbatch.db.models import (
     IN_FLIGHT_CHECKED,
     MAY_HAVE_EXECUTED,
+    SAMPLES,
     UNFINISHED_SAMPLES,
     Batch,
     BatchStatus,
@@ -102,13 +104,17 @@ class RemainingSteps:
 def chain_length_means(session: Session, task_ids: Collection[str], exclude_batch_id: int) -> dict[str, float]:
     """Mean recorded chain length (steps) of each of `task_ids` over the completed samples of the other
     batches, in the caller's transaction."""
-    q = (
-        select(Sample.task_id, func.avg(Sample.steps_done))
-        .where(Sample.task_id.in_(task_ids), Sample.batch_id != exclude_batch_id,
-               Sample.status == SampleStatus.COMPLETED)
-        .group_by(Sample.task_id)
-    )
-    return {task_id: float(avg) for task_id, avg in session.execute(q)}
+    rows = session.connection().execute(_CHAIN_LENGTH_MEANS, {"ids": list(task_ids), "batch": exclude_batch_id})
+    return {task_id: float(avg) for task_id, avg in rows}
+
+
+# Built once, run on the session's connection (Core): a gateway runs it for every new sample it sees.
+_CHAIN_LENGTH_MEANS = (
+    select(SAMPLES.c.task_id, func.avg(SAMPLES.c.steps_done))
+    .where(SAMPLES.c.task_id.in_(bindparam("ids", expanding=True)), SAMPLES.c.batch_id != bindparam("batch"),
+           SAMPLES.c.status == SampleStatus.COMPLETED)
+    .group_by(SAMPLES.c.task_id)
+)
 
 
 class Store:
