@@ -85,7 +85,8 @@ class ClusterRouter:
         return pool, conn
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        # A tool call (/mcp) is routed by the tool gateway, once it knows the call's sample.
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] == "/mcp":
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
