@@ -13,7 +13,8 @@ that process, or psutil for the gateway's), not wall time, so the figures hold o
 - `agentbatch gateway --processes N` (N = 1, 2, 4; several processes on PostgreSQL, `--db` or
   $AGENTBATCH_TEST_PG_URL) in front of the fake worker and the probe MCP server: concurrent clients
   send growing 8 k+ token conversations to /v1/chat/completions, the same streamed (`stream: true`: the
-  fake worker sends a 64-token answer as 68 SSE events, each written by itself), then `echo` tool
+  fake worker sends a 64-token answer as 69 SSE events, each written by itself; 68 reach the client,
+  which did not ask for usage), then `echo` tool
   calls through /mcp. The gateway's CPU (all its processes) per request, streamed request and tool call.
 
 Last line: `runner ms/step A (visible) B (lean); gateway req/s/core C; tool calls/s/core D; ...;
@@ -60,7 +61,7 @@ def tool_schemas(n: int = TOOLS) -> list[dict[str, Any]]:
 
 ANSWER = {"role": "assistant", "content": "Looking it up. " * 8, "tool_calls": [{
     "id": "call_0", "type": "function", "function": {"name": "tool_0", "arguments": '{"query": "x"}'}}]}
-STREAMED_WORDS = ("Looking it up. " * 16).split()  # a streamed answer: 64 tokens, one event each
+STREAMED_WORDS = ("Looking it up now. " * 16).split()  # a streamed answer: 64 tokens, one event each
 STREAMED = {**ANSWER, "content": "".join(w + " " for w in STREAMED_WORDS)}
 
 
