@@ -7,8 +7,11 @@ reached; without: traces drawn from the workload's declared or observed distribu
 configured engines and slots. `choose` then picks by the robust minimax rule. Simulations that can no
 longer win are cut as soon as their virtual clock passes the makespan they would need (a bound,
 not an estimate: a cut run's makespan is known to be larger), and a candidate that runs alike to one
-already simulated on a member (with one worker: one that differs only in its router) takes that
-run's result, which keeps deciding cheap.
+already simulated on a member takes that run's result, which keeps deciding cheap: alike where they
+differ only in what cannot decide anything there (with one worker the router; with every sample
+admitted at once the admission limit and control; orders that give the same order) or in a policy
+that decided nothing in that run (a queue that never held two waiting steps, an adaptive admission
+limit that never moved: `VirtualBatch.decided`).
 
 Plugins add candidates through the entry-point group `agentbatch.candidates`: an entry point names
 a `Candidate` or a sequence of them.
@@ -24,9 +27,16 @@ from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
+from agentbatch.scheduling.policies import FcfsPriority
 from agentbatch.scheduling.portfolio import Candidate, Choice, applicable, candidates, choose
-from agentbatch.scheduling.registry import PolicySpec
-from agentbatch.sim.virtual_time.simulation import SimulationCut, VirtualBatch, VirtualConfig
+from agentbatch.scheduling.registry import PolicySpec, make_priority
+from agentbatch.sim.virtual_time.simulation import (
+    WATCHED_POLICIES,
+    SimulationCut,
+    VirtualBatch,
+    VirtualConfig,
+    admission_order,
+)
 from agentbatch.traces.schema import Trace
 
 CANDIDATE_GROUP = "agentbatch.candidates"
@@ -138,28 +148,28 @@ class _Runner:
         self.cut_at: dict[str, list[float]] = {}
         self.sims = 0
         self.cuts_in = [0] * len(members)  # non-baselines cut in each member so far
-        # (member, _run_key) -> (makespan or inf, where it was cut, the stop it ran with)
-        self._known: dict[tuple[int, tuple[Any, ...]], tuple[float, float, float]] = {}
+        self._runs: list[list[_Run]] = [[] for _ in members]  # the runs simulated on each member
 
     def _one(self, c: Candidate, i: int, stop: float | None) -> tuple[float, float]:
         """c's makespan on member i, or (inf, where it stopped) when cut at `stop`. A candidate that
-        runs alike to one already run there (`_run_key`) takes that run's result where it answers:
-        a makespan (cut if above the stop), or a cut at a stop no higher."""
-        key = (i, _run_key(c, self.base.workers))
-        known = self._known.get(key)
-        limit = math.inf if stop is None else stop
-        if known is not None and (math.isfinite(known[0]) or known[2] >= limit):
-            t, at, _ = known
-            return (t, 0.0) if t <= limit else (math.inf, at or limit)
+        runs alike to one already run there (`_Run.answers`) takes that run's result where it
+        answers: a makespan (cut if above the stop), or a cut at a stop no higher."""
         m = self.members[i]
         cfg = candidate_config(c, self.base, samples=len(m.trace.samples), n_ref=self.n_ref, priors=m.priors,
                                context_priors=m.context_priors)  # fmt: skip
+        parts = run_parts(m.trace, cfg)
+        limit = math.inf if stop is None else stop
+        for run in self._runs[i]:
+            known = run.answers(parts, limit)
+            if known is not None:
+                return known
         self.sims += 1
+        batch = VirtualBatch(m.trace, cfg)
         try:
-            out = VirtualBatch(m.trace, cfg).run(stop_after_s=stop).makespan_s, 0.0
+            out = batch.run(stop_after_s=stop).makespan_s, 0.0
         except SimulationCut as cut:
             out = math.inf, cut.at_s
-        self._known[key] = (*out, limit)
+        self._runs[i].append(_Run(parts, batch.decided(), *out, limit))
         return out
 
     def all(self, pool: Sequence[Candidate], margin: float) -> None:
@@ -206,11 +216,52 @@ class _Runner:
         return max(t / b for t, b in zip(preds, best_base, strict=True))
 
 
-def _run_key(c: Candidate, workers: int) -> tuple[Any, ...]:
-    """What a candidate's run depends on: all of it but its name and baseline group, and with one
-    worker not the router (every router routes there)."""
-    drop = {"name", "baseline"} | ({"router"} if workers == 1 else set())
-    return tuple(kv for kv in c.key() if kv[0] not in drop)
+def run_parts(trace: Trace, cfg: VirtualConfig) -> dict[str, Any]:
+    """What a run of `cfg` on `trace` depends on, part by part, where candidates differ (the hardware,
+    slots and timings are the same for all): the same parts run alike, event for event. Each part
+    counts only where it can decide something: with every sample admitted at once (the limit at
+    least the samples) neither the limit nor adaptive admission (nothing waits for admission); the
+    admission order as the order it gives (orders, priors and context priors that give the same one
+    run alike); the priority policy only on engines that schedule by priority (engines launched
+    "fcfs" ignore request priorities); with one worker no router (every router routes there). The
+    queues and the priority policy read the chain priors, so whether there are any is part of each."""
+    limits = cfg.limits(cfg.engine_profile())
+    active = limits.effective_active()
+    every = active >= len(trace.samples)
+    priors = cfg.priors is not None
+    fcfs = isinstance(make_priority(cfg.priority.name, **cfg.priority.params), FcfsPriority)
+    return {
+        "coupled": cfg.coupled,
+        "admission_limit": None if every else (limits.max_active_samples, active),
+        "admission_control": None if every else cfg.admission_control,
+        "admission_order": admission_order(trace, cfg),
+        "env_queue": (cfg.env_queue.name, tuple(sorted(cfg.env_queue.params.items())), priors),
+        "inference_queue": (cfg.inference_queue.name, tuple(sorted(cfg.inference_queue.params.items())), priors),
+        "priority": None if fcfs else (cfg.priority.name, tuple(sorted(cfg.priority.params.items())), priors),
+        "router": None if cfg.workers == 1 else (cfg.router.name, tuple(sorted(cfg.router.params.items()))),
+    }
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A run simulated on a member: its `run_parts`, the parts whose policies decided something in it
+    (`VirtualBatch.decided`), its makespan (inf: cut, at `cut_at`) and the stop it ran with."""
+
+    parts: dict[str, Any]
+    decided: frozenset[str]
+    makespan: float
+    cut_at: float
+    stop: float
+
+    def answers(self, parts: dict[str, Any], stop: float) -> tuple[float, float] | None:
+        """The result of a run with `parts` cut at `stop`, when this run gives it: the two differ only
+        in parts whose policies decided nothing here (so they run alike, event for event, as far as
+        this one ran), and this one ran to its end or was cut at a stop no lower."""
+        if any(parts[k] != v for k, v in self.parts.items() if k in self.decided or k not in WATCHED_POLICIES):
+            return None
+        if math.isfinite(self.makespan):
+            return (self.makespan, 0.0) if self.makespan <= stop else (math.inf, stop)
+        return (math.inf, self.cut_at or stop) if self.stop >= stop else None
 
 
 def _likely_fast(c: Candidate) -> tuple[bool, float]:

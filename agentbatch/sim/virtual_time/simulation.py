@@ -43,6 +43,9 @@ from agentbatch.traces.schema import INFERENCE, Trace, TraceSample
 _FRESH_BASE = 1 << 60  # token ids unique to one sample's context (never shared)
 _ZEROS = memoryview(bytes(8 * 4096))  # zero token ids, as int64 bytes (array.frombytes copies once)
 
+# the policies VirtualBatch.decided() watches: whether they have chosen anything in a run
+WATCHED_POLICIES = frozenset({"env_queue", "inference_queue", "admission_control"})
+
 _SPAN_LIMIT = 4096  # decode-only iterations planned at once (EngineModel.plan_decodes)
 
 # event phases within an instant: step and iteration ends first, then iteration starts, then
@@ -258,6 +261,32 @@ class Checkpoints:
     callback: Callable[[VirtualBatch, float], None]
 
 
+def _progress(trace: Trace, config: VirtualConfig) -> list[SampleProgress]:
+    priors = config.priors or {}
+    return [SampleProgress(sample_id=s.index, task_id=s.task_id, arrival_seq=s.index,
+                           prior_chain_steps=priors.get(s.task_id)) for s in trace.samples]  # fmt: skip
+
+
+def _admission_sequence(progress: list[SampleProgress], config: VirtualConfig, profile: EngineProfile,
+                        limits: AdmissionLimits) -> list[SampleProgress]:
+    """The samples in the order they ask for admission. The "kv_balanced" order also needs the
+    context priors, the admission limit it starts at and the KV capacity of all workers (as the live
+    flow gets them from history and the plan)."""
+    hints = None
+    if config.context_priors is not None:
+        kv = profile.kv_capacity_tokens * config.workers
+        hints = AdmissionHints(config.context_priors, limits.max_active_samples, kv)
+    return admission_sequence(progress, config.admission_order, hints)
+
+
+def admission_order(trace: Trace, config: VirtualConfig) -> tuple[int, ...]:
+    """The trace indices of the samples in the order a VirtualBatch of `config` asks for their
+    admission: all that the admission order, the priors it reads and the context priors decide."""
+    profile = config.engine_profile()
+    ordered = _admission_sequence(_progress(trace, config), config, profile, config.limits(profile))
+    return tuple(p.sample_id for p in ordered)
+
+
 class VirtualBatch:
     """One simulated batch. `run()` once; it returns the raw step and sample records."""
 
@@ -298,20 +327,11 @@ class VirtualBatch:
         self._steps: list[tuple[Any, ...]] = []
         self._wake: deque[Grant] = deque()  # grants to waiters, handled after the current event
         self._events = 0
-        priors = config.priors or {}
-        progress = [SampleProgress(sample_id=s.index, task_id=s.task_id, arrival_seq=s.index,
-                                   prior_chain_steps=priors.get(s.task_id)) for s in trace.samples]  # fmt: skip
+        self._decided: set[str] = set()  # see decided()
+        progress = _progress(trace, config)
         by_id = {p.sample_id: _Sample(s, p) for s, p in zip(trace.samples, progress, strict=True)}
         self._all = list(by_id.values())
-        self._order = [by_id[p.sample_id] for p in admission_sequence(progress, config.admission_order, self._hints())]
-
-    def _hints(self) -> AdmissionHints | None:
-        """What the "kv_balanced" order needs: the context priors, the admission limit it starts at
-        and the KV capacity of all workers (as the live flow gets them from history and the plan)."""
-        if self.cfg.context_priors is None:
-            return None
-        kv = self.profile.kv_capacity_tokens * self.cfg.workers
-        return AdmissionHints(self.cfg.context_priors, self.limits.max_active_samples, kv)
+        self._order = [by_id[p.sample_id] for p in _admission_sequence(progress, config, self.profile, self.limits)]
 
     def _kv_loads(self, loads: list[WorkerLoad]) -> list[WorkerLoad]:
         for load in loads:
@@ -328,11 +348,37 @@ class VirtualBatch:
 
     # --- grants: the driver side of the core -----------------------------------------------------
     def _submit(self, s: _Sample, ticket: StepTicket, now: float) -> None:
+        waits = ticket.step_index >= 0  # a step (not an admission) until granted
         for g in self.core.submit(ticket, now):
             if g.ticket is ticket:  # granted in the call that asked: the sample goes on at once
+                waits = False
                 self._start(g, now)
             else:
                 self._wake.append(g)
+        if waits:
+            self._note_waiting(ticket)
+
+    def _note_waiting(self, ticket: StepTicket) -> None:
+        """A step waits for a slot: with another one waiting in its queue, the queue's policy will
+        choose which goes first (decided())."""
+        if ticket.kind == StepKind.ENVIRONMENT:
+            if len(self.core.environment.queue) > 1:
+                self._decided.add("env_queue")
+        elif ticket.worker is not None and len(self.core.workers[ticket.worker].queue) > 1:
+            self._decided.add("inference_queue")
+
+    def decided(self) -> frozenset[str]:
+        """The policies that have chosen something so far where another policy could have chosen
+        otherwise: "env_queue" / "inference_queue" once two steps waited in the environment queue /
+        a worker's queue at once (the policy's order then decides which goes first; with one waiting
+        step every queue serves it), "admission_control" once the adaptive controller moved the
+        admission limit. A run with another policy in a part not named here, all else the same, is
+        this run event for event, up to here (sim/portfolio.py reuses runs so)."""
+        out = set(self._decided)
+        ctl = self.core.controller
+        if ctl is not None and any(d.limit != ctl.start for d in ctl.history):
+            out.add("admission_control")
+        return frozenset(out)
 
     def _drain(self, now: float) -> None:
         while self._wake:
