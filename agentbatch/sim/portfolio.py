@@ -148,11 +148,11 @@ class _Runner:
         self.cut_at: dict[str, list[float]] = {}
         self.sims = 0
         self.cuts_in = [0] * len(members)  # non-baselines cut in each member so far
-        self._runs: list[list[_Run]] = [[] for _ in members]  # the runs simulated on each member
+        self._runs: list[list[KnownRun]] = [[] for _ in members]  # the runs simulated on each member
 
     def _one(self, c: Candidate, i: int, stop: float | None) -> tuple[float, float]:
         """c's makespan on member i, or (inf, where it stopped) when cut at `stop`. A candidate that
-        runs alike to one already run there (`_Run.answers`) takes that run's result where it
+        runs alike to one already run there (`KnownRun.answers`) takes that run's result where it
         answers: a makespan (cut if above the stop), or a cut at a stop no higher."""
         m = self.members[i]
         cfg = candidate_config(c, self.base, samples=len(m.trace.samples), n_ref=self.n_ref, priors=m.priors,
@@ -169,7 +169,7 @@ class _Runner:
             out = batch.run(stop_after_s=stop).makespan_s, 0.0
         except SimulationCut as cut:
             out = math.inf, cut.at_s
-        self._runs[i].append(_Run(parts, batch.decided(), *out, limit))
+        self._runs[i].append(KnownRun(parts, batch.decided(), *out, limit))
         return out
 
     def all(self, pool: Sequence[Candidate], margin: float) -> None:
@@ -243,9 +243,10 @@ def run_parts(trace: Trace, cfg: VirtualConfig) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class _Run:
-    """A run simulated on a member: its `run_parts`, the parts whose policies decided something in it
-    (`VirtualBatch.decided`), its makespan (inf: cut, at `cut_at`) and the stop it ran with."""
+class KnownRun:
+    """A run simulated on a member (or a remainder from a checkpoint, sim/replan.py): what it ran
+    with, part by part (`run_parts`, `replan.swap_parts`), the parts whose policies decided something
+    in it (`VirtualBatch.decided`), its makespan (inf: cut, at `cut_at`) and the stop it ran with."""
 
     parts: dict[str, Any]
     decided: frozenset[str]

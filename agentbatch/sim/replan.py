@@ -28,7 +28,9 @@ every candidate, and would veto every switch; "never predicted slower" keeps the
 switch cannot be predicted to lose anywhere. Only candidates that would run the rest differently are
 simulated (`swap_key`: with no sample waiting for admission the admission limit and order decide
 nothing more, with every admitted sample fitting the slots no queue's order matters, with one worker
-no router, and engines launched "fcfs" ignore the priority policy).
+no router, and engines launched "fcfs" ignore the priority policy), and a candidate whose remainder
+on a member runs alike to one simulated there at the same checkpoint takes its result (they differ
+only in policies that decided nothing in it: `portfolio.KnownRun`).
 
 The baselines are always candidates, so the fallback stays reachable by construction. A coupled
 candidate runs as its decoupled equivalent (admission limit min(limit, slots): each admitted sample
@@ -55,7 +57,7 @@ from agentbatch.scheduling.core import ADMISSION, PolicySwap
 from agentbatch.scheduling.portfolio import Candidate
 from agentbatch.scheduling.registry import make_priority, make_queue, make_router
 from agentbatch.scheduling.types import SampleProgress
-from agentbatch.sim.portfolio import Member, candidate_config
+from agentbatch.sim.portfolio import KnownRun, Member, candidate_config
 from agentbatch.sim.virtual_time.simulation import Checkpoints, SimulationCut, VirtualBatch, VirtualConfig
 from agentbatch.traces.schema import INFERENCE, TraceSample, TraceStep
 
@@ -84,6 +86,17 @@ class Switch:
     new: str
     old_predicted: list[float]
     new_predicted: list[float]
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A candidate's `swap_parts` on each member and the remainders simulated on each at a checkpoint."""
+
+    parts: list[dict[str, Any]]
+    runs: list[list[KnownRun]]
+
+    def on(self, i: int) -> tuple[dict[str, Any], list[KnownRun]]:
+        return self.parts[i], self.runs[i]
 
 
 @dataclass(frozen=True)
@@ -137,9 +150,12 @@ class Replanner:
         stay = [self._predict(snap, f, m, None, None) for f, m in zip(futures, self.members, strict=True)]
         best: tuple[float, Candidate, list[float]] | None = None
         distinct = self._distinct(batch)
+        state = swap_state(batch)
+        known: list[list[KnownRun]] = [[] for _ in self.members]  # the candidates' remainders simulated here
         for c in distinct:
             bound = 1 - self.settings.margin if best is None else min(1 - self.settings.margin, best[0])
-            preds = self._no_slower(snap, futures, c, stay, bound)
+            parts = [swap_parts(c, batch, m, self.n_ref, state) for m in self.members]
+            preds = self._no_slower(snap, futures, c, stay, bound, _Known(parts, known))
             if preds is not None:
                 ratio = statistics.fmean(t / s for t, s in zip(preds, stay, strict=True))
                 if ratio <= 1 - self.settings.margin and (best is None or ratio < best[0]):
@@ -166,7 +182,7 @@ class Replanner:
         return out
 
     def _no_slower(self, snap: Snapshot, futures: list[dict[int, TraceSample]], c: Candidate,
-                   stay: list[float], bound: float) -> list[float] | None:
+                   stay: list[float], bound: float, known: _Known) -> list[float] | None:
         """The candidate's remainder in every member, or None once it is predicted slower than the
         incumbent in one, or its mean ratio to the incumbent can no longer reach `bound` (the margin,
         or the best candidate's so far): each run is cut there, and the other members are then not
@@ -180,22 +196,34 @@ class Replanner:
             # the last member must also bring the mean down to the bound
             last = k == len(order) - 1
             stop = stay[i] * (min(1.0, len(stay) * bound - ratios) if last else 1.0)
-            preds[i] = self._predict(snap, futures[i], self.members[i], c, stop)
+            preds[i] = self._predict(snap, futures[i], self.members[i], c, stop, known.on(i))
             if preds[i] > stop:
                 return None
             ratios += preds[i] / stay[i]
         return preds
 
     def _predict(self, snap: Snapshot, futures: dict[int, TraceSample], member: Member, c: Candidate | None,
-                 stop: float | None) -> float:
+                 stop: float | None, known: tuple[dict[str, Any], list[KnownRun]] | None = None) -> float:
+        """The remainder's makespan with `c` swapped in (None: the incumbent stays), inf when cut at
+        `stop`; `known`: c's `swap_parts` and the remainders already simulated on this member at this
+        checkpoint, one of which answers for c where they run alike (`KnownRun.answers`)."""
+        limit = math.inf if stop is None else stop
+        if known is not None:
+            for run in known[1]:
+                answer = run.answers(known[0], limit)
+                if answer is not None:
+                    return answer[0]
         fork = snap.fork(futures)
         if c is not None:
             apply(fork, c, snap.now, member, self.n_ref)
         self.simulations += 1
         try:
-            return fork.resume(stop_after_s=stop).makespan_s
+            out = fork.resume(stop_after_s=stop).makespan_s
         except SimulationCut:
-            return math.inf
+            out = math.inf
+        if known is not None:
+            known[1].append(KnownRun(known[0], fork.decided(), out, 0.0, limit))
+        return out
 
 
 # --- forking a running simulation -----------------------------------------------------------------
@@ -267,6 +295,11 @@ def swap_state(batch: VirtualBatch) -> _State:
 
 
 def swap_key(c: Candidate, batch: VirtualBatch, member: Member, n_ref: int, state: _State) -> tuple[Any, ...]:
+    """`swap_parts` as one key: candidates with one key run the rest alike."""
+    return tuple(swap_parts(c, batch, member, n_ref, state).items())
+
+
+def swap_parts(c: Candidate, batch: VirtualBatch, member: Member, n_ref: int, state: _State) -> dict[str, Any]:
     """What a swap to `c` changes from now on (`swap_state`), each part only where it can decide something:
     the router with more than one worker (with one, every router routes there); the priority policy
     where the engines schedule by priority (engines launched "fcfs" ignore request priorities); the
@@ -278,17 +311,17 @@ def swap_key(c: Candidate, batch: VirtualBatch, member: Member, n_ref: int, stat
     cfg = candidate_config(c, batch.cfg, samples=len(batch.trace.samples), n_ref=n_ref, priors=member.priors,
                            context_priors=member.context_priors)  # fmt: skip
     priors = cfg.priors is not None
-    key: tuple[Any, ...] = (cfg.router.name if len(batch.names) > 1 else None,)
-    if batch.engine_policy == "priority":
-        key += (cfg.priority.name, priors)
-    if state.queues_matter:
-        key += (cfg.env_queue.name, tuple(sorted(cfg.env_queue.params.items())), cfg.inference_queue.name, priors)
-    if state.waiting:
-        adaptive = cfg.admission_control == "adaptive" and not c.coupled
-        order = "arrival" if cfg.admission_order == "trace" else cfg.admission_order
-        key += (switch_target(c, cfg), order, adaptive, priors and order != "arrival",
-                cfg.context_priors is not None and order == "kv_balanced")
-    return key
+    queues, waiting = state.queues_matter, state.waiting
+    order = "arrival" if cfg.admission_order == "trace" else cfg.admission_order
+    return {
+        "router": cfg.router.name if len(batch.names) > 1 else None,
+        "priority": (cfg.priority.name, priors) if batch.engine_policy == "priority" else None,
+        "env_queue": (cfg.env_queue.name, tuple(sorted(cfg.env_queue.params.items())), priors) if queues else None,
+        "inference_queue": (cfg.inference_queue.name, priors) if queues else None,
+        "admission": (switch_target(c, cfg), order, priors and order != "arrival",
+                      cfg.context_priors is not None and order == "kv_balanced") if waiting else None,
+        "admission_control": cfg.admission_control == "adaptive" and not c.coupled if waiting else None,
+    }  # fmt: skip
 
 
 def switch_target(c: Candidate, cfg: VirtualConfig) -> int:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES, Candidate
-from agentbatch.sim.portfolio import Member, candidate_config
+from agentbatch.sim.portfolio import KnownRun, Member, candidate_config
 from agentbatch.sim.profiles import get_profile
 from agentbatch.sim.replan import (
     Replanner,
@@ -192,6 +192,30 @@ def test_the_replanner_switches_to_a_candidate_predicted_faster_and_the_batch_ga
     assert all(t <= s for t, s in zip(sw.new_predicted, sw.old_predicted, strict=True))
     assert replanned < 0.9 * static
     assert rp.simulations > 0 and rp.cpu_s > 0 and rp.checkpoints >= 1
+
+
+@pytest.mark.parametrize(("slots", "workers"), [(4, 2), (10, 1)])
+def test_remainders_that_run_alike_are_simulated_once_and_change_nothing(monkeypatch, slots, workers):
+    # a candidate whose remainder another one's answers (portfolio.KnownRun: they differ only in
+    # policies that decided nothing there) is predicted as its own simulation would be: the same
+    # checkpoints, predictions, switches and makespan as with every remainder simulated
+    trace, base, member = _case(slots=slots, workers=workers)
+    n = len(trace.samples)
+    slow = BY_NAME["coupled at S*0.25"]
+    cfg = _config(slow, base, member, n)
+    static = VirtualBatch(trace, cfg).run().makespan_s
+
+    def replanned() -> tuple[Replanner, float]:
+        rp = Replanner([member], list(BUILTIN_CANDIDATES), slow, max(2, n // 2), ReplanSettings(every=0.1))
+        batch = VirtualBatch(trace, cfg)
+        rp.attach(batch, static)
+        return rp, batch.run().makespan_s
+
+    reused, makespan = replanned()
+    monkeypatch.setattr(KnownRun, "answers", lambda self, parts, stop: None)
+    every, makespan_every = replanned()
+    assert reused.simulations < every.simulations
+    assert (reused.history, reused.switches, makespan) == (every.history, every.switches, makespan_every)
 
 
 def test_no_switch_without_a_predicted_gain():

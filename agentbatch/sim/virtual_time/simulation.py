@@ -611,9 +611,15 @@ class VirtualBatch:
         self._heap = heap
 
     def swapped(self, swap: PolicySwap, now: float) -> None:
-        """Run the rest with other policies (SchedulingCore.swap); the grants it makes start now."""
+        """Run the rest with other policies (SchedulingCore.swap); the grants it makes start now.
+        decided() then tells what the new policies decide from here on."""
         self._wake.extend(self.core.swap(swap, now))
         self._wire_core()
+        self._decided = set()
+        if len(self.core.environment.queue) > 1:  # the new queue orders the steps moved into it
+            self._decided.add("env_queue")
+        if any(len(pool.queue) > 1 for pool in self.core.workers.values()):
+            self._decided.add("inference_queue")
         self._drain(now)
 
     def _wire_core(self) -> None:
