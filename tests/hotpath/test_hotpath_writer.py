@@ -132,6 +132,26 @@ def test_bad_row_fails_only_its_writer(store: Store) -> None:
     assert [s.steps_done for s in store.samples(bid)] == [1, 0, 1]  # the failed step did not advance its sample
 
 
+def test_a_row_reads_back_as_written(store: Store) -> None:
+    """Every kind of value round-trips exactly (on PostgreSQL the rows go in by COPY): text that needs
+    escaping, exact floats, JSON with nesting and unicode, a JSON column given None, NULL columns."""
+    bid, sids = new_batch(store, 1)
+    step = StepAttempt(batch_id=bid, sample=sids[0], index=0, attempt=1, kind="environment", enqueued_at=0.1 + 0.2,
+                       started_at=1733363456.123456789, worker="w\t0 \u00e9\n", request=None)
+    response = {"messages": [{"role": "tool", "content": "a\tb\\N\n\r\"q\" \u2603 \\"}], "n": [1.5e-300, None, True]}
+
+    async def main() -> None:
+        async with StepWriter(store) as writer:
+            await writer.commit(step.completed(StepOutcome(response=response, tool_calls=3, prefill_s=1 / 3),
+                                               steps_done=1, finished_at=2.5))
+
+    asyncio.run(main())
+    (row,) = store.steps(bid)
+    assert (row.worker, row.request, row.response, row.tool_calls) == ("w\t0 \u00e9\n", None, response, 3)
+    assert (row.enqueued_at, row.started_at, row.finished_at, row.prefill_s) == (0.1 + 0.2, 1733363456.123456789, 2.5, 1 / 3)
+    assert (row.prompt_tokens, row.error, row.status) == (None, None, "completed")
+
+
 def test_sample_updates_keep_order_and_first_admission(store: Store) -> None:
     bid, sids = new_batch(store, 1)
 
