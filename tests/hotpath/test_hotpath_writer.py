@@ -152,6 +152,25 @@ def test_a_row_reads_back_as_written(store: Store) -> None:
     assert (row.prompt_tokens, row.error, row.status) == (None, None, "completed")
 
 
+def test_sample_values_of_a_group_set_nulls_and_keep_a_worker(store: Store) -> None:
+    """A group's sample values (on PostgreSQL one statement over arrays): values and NULLs set, the
+    last worker kept when none is given, samples of the group with other columns apart."""
+    bid, sids = new_batch(store, 3)
+
+    async def main() -> None:
+        async with StepWriter(store) as writer:
+            await asyncio.gather(*(writer.update_sample(s, {"in_flight_step": 3, "last_worker": f"w{s}", "score": 0.5})
+                                   for s in sids))
+            await asyncio.gather(*(writer.update_sample(s, {"in_flight_step": None, "last_worker": None, "score": None,
+                                                            "status": SampleStatus.RUNNING}) for s in sids[:2]),
+                                 writer.update_sample(sids[2], {"steps_done": 7}))
+
+    asyncio.run(main())
+    rows = [(s.in_flight_step, s.last_worker, s.score, s.status, s.steps_done) for s in store.samples(bid)]
+    assert rows == [(None, f"w{sids[0]}", None, "running", 0), (None, f"w{sids[1]}", None, "running", 0),
+                    (3, f"w{sids[2]}", 0.5, "pending", 7)]
+
+
 def test_sample_updates_keep_order_and_first_admission(store: Store) -> None:
     bid, sids = new_batch(store, 1)
 
