@@ -192,8 +192,9 @@ def measure_run(store: Any, trace: Path, workers: list[str], mode: str) -> tuple
 
 # --- the gateway ----------------------------------------------------------------------------------------
 
-async def drive_inference(url: str, requests: int, clients: int) -> None:
-    """`clients` conversations, each growing by one assistant turn and one observation per request."""
+async def drive_inference(url: str, requests: int, clients: int, *, stream: bool = False) -> None:
+    """`clients` conversations, each growing by one assistant turn and one observation per request;
+    with `stream`, each answer read event by event to its [DONE]."""
     import httpx
 
     from agentbatch.traces.conversation import filler
@@ -201,40 +202,25 @@ async def drive_inference(url: str, requests: int, clients: int) -> None:
     system = filler(SYSTEM_TOKENS, "system/cluster-rate")
     tools = tool_schemas()
     counter = iter(range(requests))
+    kind = "streamed" if stream else "sample"
 
-    async def client_loop(http: httpx.AsyncClient, c: int) -> None:
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": filler(400, f"task/{c}")}]
-        for i in counter:
-            r = await http.post(url + "/v1/chat/completions", json={
-                "model": "fake", "messages": messages, "tools": tools, "max_tokens": 64, "user": f"sample-{c}"})
+    async def answer(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+        if not stream:
+            r = await http.post(url + "/v1/chat/completions", json=body)
             assert r.status_code == 200, r.text
-            messages = [*messages, r.json()["choices"][0]["message"],
-                        {"role": "tool", "tool_call_id": "call_0", "content": filler(300, f"obs/{c}/{i}")}]
-
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
-        await asyncio.gather(*(client_loop(http, c) for c in range(clients)))
-
-
-async def drive_streamed(url: str, requests: int, clients: int) -> None:
-    """As `drive_inference`, streamed: each answer read event by event to its [DONE]."""
-    import httpx
-
-    from agentbatch.traces.conversation import filler
-
-    system = filler(SYSTEM_TOKENS, "system/cluster-rate")
-    tools = tool_schemas()
-    counter = iter(range(requests))
+            return r.json()["choices"][0]["message"]
+        async with http.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200, await r.aread()
+            events = [line async for line in r.aiter_lines() if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]" and len(events) == len(STREAMED_WORDS) + 4, events[-3:]
+        return STREAMED
 
     async def client_loop(http: httpx.AsyncClient, c: int) -> None:
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": filler(400, f"stream/{c}")}]
+        task = filler(400, f"stream/{c}" if stream else f"task/{c}")
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
         for i in counter:
-            body = {"model": "fake", "messages": messages, "tools": tools, "max_tokens": 64, "user": f"streamed-{c}",
-                    "stream": True}
-            async with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
-                assert r.status_code == 200, await r.aread()
-                events = [line async for line in r.aiter_lines() if line.startswith("data:")]
-            assert events[-1] == "data: [DONE]" and len(events) == len(STREAMED_WORDS) + 4, events[-3:]
-            messages = [*messages, STREAMED,
+            body = {"model": "fake", "messages": messages, "tools": tools, "max_tokens": 64, "user": f"{kind}-{c}"}
+            messages = [*messages, await answer(http, body),
                         {"role": "tool", "tool_call_id": "call_0", "content": filler(300, f"obs/{c}/{i}")}]
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=clients)) as http:
@@ -318,8 +304,8 @@ def measure_gateway(tmp: Path, probe: str, worker: str, args: argparse.Namespace
     out = {"inference": (0.0, 0.0), "streamed": (0.0, 0.0), "tools": (0.0, 0.0)}
     parts = (("inference", lambda: drive_inference(gw, 20, 4)),  # warm-up
              ("inference", lambda: drive_inference(gw, args.requests, args.clients)),
-             ("streamed", lambda: drive_streamed(gw, 20, 4)),
-             ("streamed", lambda: drive_streamed(gw, args.streamed, args.clients)),
+             ("streamed", lambda: drive_inference(gw, 20, 4, stream=True)),
+             ("streamed", lambda: drive_inference(gw, args.streamed, args.clients, stream=True)),
              ("tools", lambda: drive_tools(gw, 20, 4)),
              ("tools", lambda: drive_tools(gw, args.tool_calls, args.clients)))
     counts = {"inference": args.requests, "streamed": args.streamed, "tools": args.tool_calls}
