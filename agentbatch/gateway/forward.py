@@ -10,7 +10,6 @@ appended (`WorkerPool.body_for`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +60,9 @@ class WorkerPool:
         auth = {e.name: endpoint_auth(e.base_url, e.api_key) for e in endpoints}
         self.urls = {name: url + "/chat/completions" for name, (url, _) in auth.items()}
         self._pools = {name: http1.Pool(url) for name, url in self.urls.items()}
-        self._heads = {name: _head(self._pools[name], headers) for name, (_, headers) in auth.items()}
+        self._heads = {name: self._pools[name].head({k: v for k, v in headers.items()
+                                                     if k.lower() not in ("host", "content-length")})
+                       for name, (_, headers) in auth.items()}
         self.timeout_s = timeout_s  # to connect, and for each wait on the worker's next bytes
 
     async def post(self, worker: str, body: bytes) -> WorkerAnswer:
@@ -69,14 +70,7 @@ class WorkerPool:
         stream it, then release it). Raises one of TRANSPORT_ERRORS when the worker is unreachable,
         cuts the connection or is late."""
         pool = self._pools[worker]
-        async with asyncio.timeout(self.timeout_s):
-            conn = await pool.connection()
-        try:
-            await conn.send(self._heads[worker], b"content-length: %d\r\n\r\n" % len(body), body,
-                            timeout_s=self.timeout_s)
-        except BaseException:
-            pool.release(conn)  # closed: the exchange was cut off
-            raise
+        conn = await pool.post(self._heads[worker], body, self.timeout_s)
         return WorkerAnswer(pool, conn, self.timeout_s)
 
     @property
@@ -105,12 +99,6 @@ class WorkerPool:
     async def aclose(self) -> None:
         for pool in self._pools.values():
             pool.close()
-
-
-def _head(pool: http1.Pool, headers: dict[str, str]) -> bytes:
-    """A chat request's head up to its Content-Length (the endpoint's JSON and auth headers)."""
-    lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items() if k.lower() not in ("host", "content-length"))
-    return f"POST {pool.target} HTTP/1.1\r\nhost: {pool.host}\r\n{lines}".encode("latin-1")
 
 
 _MISSING = object()

@@ -112,6 +112,19 @@ class Guard:
         return deque([{"type": "http.request", "body": bytes(body), "more_body": False}, *rest])
 
 
+async def request_body(receive: Receive) -> bytes | None:
+    """A handler's request body, whole (behind `Guard` it comes as one message); None when the client
+    went away before it was in."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def guarded_http(header_timeout_s: float) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol, closing a connection that has not sent a whole request head within
     `header_timeout_s` of connecting or of its first bytes after the previous response."""

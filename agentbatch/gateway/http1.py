@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -183,6 +183,25 @@ class Pool:
         self.host = parts.netloc.rsplit("@", 1)[-1]  # the Host header
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")  # the request target
         self.idle: list[Connection] = []
+
+    def head(self, headers: Mapping[str, str], target: str | None = None) -> bytes:
+        """A POST's head up to its Content-Length: the request line (to `target`, else the pool's URL),
+        Host and `headers`. Made once where it does not change (per worker, per owner, per tool)."""
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return f"POST {target or self.target} HTTP/1.1\r\nhost: {self.host}\r\n{lines}".encode("latin-1")
+
+    async def post(self, head: bytes, body: bytes, timeout_s: float | None = None) -> Connection:
+        """Send `head` (from `head()`) and `body` over a connection; returns it once the answer's head is
+        in (read its body, then `release` it). `timeout_s` bounds the connecting and each wait for the
+        answer's next bytes. Raises OSError (no connection) or one of ERRORS (cut, late, not HTTP)."""
+        async with asyncio.timeout(timeout_s):
+            conn = await self.connection()
+        try:
+            await conn.send(head, b"content-length: %d\r\n\r\n" % len(body), body, timeout_s=timeout_s)
+        except BaseException:
+            self.release(conn)  # closed: the exchange was cut off
+            raise
+        return conn
 
     async def connection(self) -> Connection:
         """An idle connection, or a new one (OSError: none could be made)."""

@@ -30,6 +30,7 @@ from agentbatch.gateway.forward import (
     is_answer,
     outcome_of,
 )
+from agentbatch.gateway.guard import request_body
 from agentbatch.gateway.identity import SampleIdError, check_sample_id, explicit_inference_id
 from agentbatch.gateway.routing import PARSED_BODY
 from agentbatch.gateway.samples import GatewaySample, SampleEnd
@@ -243,24 +244,13 @@ class ChatCompletions:
         self.state = state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw = await _request_body(receive)
+        raw = await request_body(receive)
         if raw is None:  # the client went away before its body was in
             return
         kept = scope.get(PARSED_BODY)  # parsed already by the router of several processes
         response = await chat_completion(self.state, Headers(scope=scope), raw,
                                          kept[1] if kept is not None and kept[0] is raw else None)
         await response(scope, receive, send)
-
-
-async def _request_body(receive: Receive) -> bytes | None:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def chat_completion(state: GatewayState, headers: Headers, raw: bytes,

@@ -50,9 +50,8 @@ class DirectCaller:
         self._url = self.conn.spec.url or ""
         self._names: dict[str, bytes] = {}  # tool -> the request head up to its Mcp-Name header
         pool = http1.Pool(self._url)
-        self._head = (f"POST {pool.target} HTTP/1.1\r\nhost: {pool.host}\r\naccept: application/json, text/event-stream\r\n"
-                      f"content-type: application/json\r\nmcp-protocol-version: {self.version}\r\n"
-                      "mcp-method: tools/call\r\n")
+        self._head = pool.head({"accept": "application/json, text/event-stream", "content-type": "application/json",
+                                "mcp-protocol-version": self.version, "mcp-method": "tools/call"})
         return pool
 
     @classmethod
@@ -114,7 +113,7 @@ class DirectCaller:
         """The request head up to the tool's name (made once per tool)."""
         if len(self._names) >= _NAMES_MAX:
             self._names.clear()
-        head = self._names[name] = (self._head + f"mcp-name: {encode_header_value(name)}\r\n").encode()
+        head = self._names[name] = self._head + f"mcp-name: {encode_header_value(name)}\r\n".encode()
         return head
 
     def _result(self, name: str, status: int, kind: str, raw: bytes, request_id: int) -> types.CallToolResult:

@@ -74,14 +74,7 @@ class ClusterRouter:
         pool = self._owners.get(base_url)
         if pool is None:
             pool = self._owners[base_url] = http1.Pool(base_url)
-        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        head = f"POST {path} HTTP/1.1\r\nhost: {pool.host}\r\n{lines}content-length: {len(body)}\r\n\r\n"
-        conn = await pool.connection()
-        try:
-            await conn.send(head.encode("latin-1"), body)
-        except BaseException:
-            pool.release(conn)  # closed: the exchange was cut off
-            raise
+        conn = await pool.post(pool.head(headers, path), body)
         return pool, conn
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -34,6 +34,7 @@ from agentbatch.environments.mcp_env import (
 )
 from agentbatch.gateway import http1, jsonio
 from agentbatch.gateway.cluster import ROUTED_HEADER
+from agentbatch.gateway.guard import request_body
 from agentbatch.gateway.identity import MCP_META_KEY, SampleIdError, tool_sample_key
 from agentbatch.gateway.mcp_direct import DirectCaller
 from agentbatch.gateway.mcp_endpoint import McpEndpoint
@@ -143,8 +144,7 @@ class ToolGateway:
         body = jsonio.dumps({"sample": key, "name": name, "arguments": arguments})
         connection: http1.Connection | None = None
         try:
-            connection = await pool.connection()
-            await connection.send(b"%scontent-length: %d\r\n\r\n%s" % (head, len(body), body))
+            connection = await pool.post(head, body)
             raw = await connection.read()
             if connection.status != 200:
                 raise ValueError(f"HTTP {connection.status}: {raw[:300]!r}")
@@ -158,8 +158,7 @@ class ToolGateway:
     def _owner(self, url: str) -> tuple[http1.Pool, bytes]:
         """The connections to the process at `url`, and the head of a forwarded call to it."""
         pool = http1.Pool(url + TOOL_CALL_PATH)
-        head = (f"POST {pool.target} HTTP/1.1\r\nhost: {pool.host}\r\ncontent-type: application/json\r\n"
-                f"{ROUTED_HEADER}: 1\r\n").encode()
+        head = pool.head({"content-type": "application/json", ROUTED_HEADER: "1"})
         self._owners[url] = (pool, head)
         return pool, head
 
@@ -266,14 +265,9 @@ class _ForwardedCalls:
         self.tools = tools
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the forwarding process is gone
-            body += message.get("body", b"")
-            if not message.get("more_body", False):
-                break
+        body = await request_body(receive)
+        if body is None:
+            return  # the forwarding process is gone
         data = jsonio.loads(body)
         result = await self.tools.call_here(str(data["sample"]), str(data["name"]), dict(data.get("arguments") or {}))
         reply = jsonio.dumps(result.model_dump(mode="json", by_alias=True, exclude_none=True))
