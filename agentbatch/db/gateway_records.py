@@ -15,13 +15,12 @@ from typing import Any
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from agentbatch.db.models import SAMPLES, Batch, SampleStatus
+from agentbatch.db.models import BATCHES, SAMPLES, SampleStatus
 from agentbatch.db.step_records import SampleRef
 
-_BATCHES = Batch.metadata.tables[Batch.__tablename__]
 # Built once: a gateway runs them for every sample it sees, and building a statement cost more CPU
 # than executing it.
-_LOCK_BATCH = select(_BATCHES.c.id).where(_BATCHES.c.id == bindparam("batch")).with_for_update()
+_LOCK_BATCH = select(BATCHES.c.id).where(BATCHES.c.id == bindparam("batch")).with_for_update()
 _LAST_INDEX = select(func.max(SAMPLES.c.index)).where(SAMPLES.c.batch_id == bindparam("batch"))
 _ADD = insert(SAMPLES).returning(SAMPLES.c.id)
 _ADMIT = update(SAMPLES).where(SAMPLES.c.id == bindparam("sample")).values(

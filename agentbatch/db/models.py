@@ -135,7 +135,8 @@ class Step(Base):
     task_run_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
-# The two models' Core tables, for statements that skip the ORM (the writer's rows, fencing, gateway rows).
+# The models' Core tables, for statements that skip the ORM (the writer's rows, fencing, gateway rows).
+BATCHES = Batch.metadata.tables[Batch.__tablename__]
 SAMPLES = Sample.metadata.tables[Sample.__tablename__]
 STEPS = Step.metadata.tables[Step.__tablename__]
 

@@ -106,18 +106,25 @@ def _resolved(row: dict[str, Any]) -> dict[str, Any]:
     return row if isinstance(sid, int) else {**row, "sample_id": sample_id_of(sid)}
 
 
+def _psycopg(conn: Connection) -> Any | None:
+    """The transaction's own psycopg connection on PostgreSQL through psycopg (COPY, array parameters);
+    None on any other store or driver."""
+    if conn.dialect.name != "postgresql" or conn.dialect.driver != "psycopg":
+        return None
+    return conn.connection.driver_connection
+
+
 def _insert_steps(conn: Connection, rows: list[dict[str, Any]]) -> None:
     """Step rows of one set of columns. On PostgreSQL through psycopg one COPY: an executemany INSERT
     cost the writer thread most of its ~70 us per row in psycopg's per-row pipeline work, a COPY row a
     fraction of it. The values go through the same bind processors (JSON columns) as the INSERT's."""
-    dialect = conn.dialect
-    if dialect.name != "postgresql" or dialect.driver != "psycopg":
+    driver = _psycopg(conn)
+    if driver is None:
         conn.execute(insert(STEPS), rows)
         return
+    dialect = conn.dialect
     columns = [(c, STEPS.c[c].type.dialect_impl(dialect).bind_processor(dialect)) for c in rows[0]]
     names = ", ".join(dialect.identifier_preparer.quote(c) for c, _ in columns)
-    driver = conn.connection.driver_connection  # the transaction's own psycopg connection
-    assert driver is not None
     cursor = driver.cursor()
     with cursor, cursor.copy(f"COPY {STEPS.name} ({names}) FROM STDIN") as copy:
         for row in rows:
@@ -131,11 +138,9 @@ def _update_samples(conn: Connection, merged: dict[int, dict[str, Any]]) -> None
     by_columns: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
     for sample_id, values in merged.items():
         by_columns.setdefault(tuple(sorted(values)), []).append((sample_id, values))
-    arrays = conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
+    driver = _psycopg(conn)
     for columns, rows in by_columns.items():
-        if arrays and all(isinstance(SAMPLES.c[c].type, _PLAIN) for c in columns):
-            driver = conn.connection.driver_connection  # the transaction's own psycopg connection
-            assert driver is not None
+        if driver is not None and all(isinstance(SAMPLES.c[c].type, _PLAIN) for c in columns):
             driver.execute(_array_update(conn.dialect, columns), [
                 [sid for sid, _ in rows], *([values[c] for _, values in rows] for c in columns)])
         else:
