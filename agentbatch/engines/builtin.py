@@ -76,6 +76,10 @@ class OpenAIParams(PluginParams):
         description="the servers: a list of {name, base_url, model, api_key} or a YAML/JSON file of that list"
     )
     timeout_s: float = Field(600.0, gt=0, le=86400, description="per request")
+    timing: TimingParams | None = Field(
+        None, description='the workers\' speed as a simulated timing model, read only by predictions (policy auto, '
+        'whatif): {"kind": "simulated", "profile": a profile name or the JSON `agentbatch calibrate` writes, '
+        '"time_scale": the speed serve-sim runs at}; requests still go to the endpoints')
 
 
 def build_openai(params: dict[str, Any], workload: Any) -> list[Any]:

@@ -59,7 +59,8 @@ def _decide(config: BatchConfig, members: list[Any], workers: int, samples: int,
             batch_id: int) -> PolicyChoice:
     from agentbatch.sim.portfolio import decide
 
-    d = decide(members, engine_base(config, workers), n_ref=config.scheduling.max_active_samples)
+    d = decide(members, engine_base(config, workers, [m.trace for m in members]),
+               n_ref=config.scheduling.max_active_samples)
     summary = d.to_dict()
     log.info("batch %s: policy auto chose %r (score %.3f vs best baseline %r %.3f; %d simulation(s) on %d earlier "
              "run(s) in %.2fs)", batch_id, d.choice.name, d.choice.score, d.choice.fallback, d.choice.fallback_score,
@@ -77,16 +78,21 @@ def engine_model(config: BatchConfig) -> tuple[str, float] | None:
     return None
 
 
-def engine_base(config: BatchConfig, workers: int) -> Any:
+def engine_base(config: BatchConfig, workers: int, history: list[Any]) -> Any:
+    """The virtual-time config the candidates are simulated on: the configured workers and slots, the
+    engine model, and the runner's own costs per step and in starting chains as the earlier batches
+    recorded them (at a compressed engine speed they are a large share of a step)."""
     from agentbatch.sim.virtual_time import VirtualConfig
+    from agentbatch.sim.virtual_time.runner import with_runner_costs
 
     model = engine_model(config)
     assert model is not None
     profile, scale = model
     s = config.scheduling
     # recorded tool durations are wall seconds; the engine model runs in engine seconds
-    return VirtualConfig(workers=max(1, workers), profile=profile, env_slots=s.env_slots,
+    base = VirtualConfig(workers=max(1, workers), profile=profile, env_slots=s.env_slots,
                          max_active=s.max_active_samples, env_time_scale=1.0 / scale)  # fmt: skip
+    return with_runner_costs(base, history, scale)
 
 
 def _auto_inputs(config: BatchConfig, store: Any, batch_id: int, task_ids: list[str],

@@ -61,3 +61,27 @@ def test_auto_without_an_engine_model_runs_the_configured_policy() -> None:
 def test_an_unknown_policy_is_refused_naming_the_field() -> None:
     with pytest.raises(ValidationError, match="scheduling.policy"):
         BatchConfig.model_validate({"scheduling": {"policy": "fastest please"}})
+
+
+def test_the_choice_simulates_the_runner_the_history_recorded() -> None:
+    from agentbatch.flows.policy_choice import engine_base
+    from agentbatch.traces import Trace, TraceSample, TraceStep
+
+    def sample(i: int, t0: float) -> TraceSample:
+        # the call took 20 ms beyond the engine's own 80 ms; its tool step was queued 10 ms after it ended
+        call = TraceStep(index=0, kind="inference", duration_s=0.1, prefill_s=0.03, decode_s=0.05, engine_queue_s=0.0,
+                         enqueued_at=t0, started_at=t0, finished_at=t0 + 0.1)  # fmt: skip
+        tool = TraceStep(index=1, kind="environment", duration_s=1.0, enqueued_at=t0 + 0.11, started_at=t0 + 0.11,
+                         finished_at=t0 + 1.11)  # fmt: skip
+        return TraceSample(index=i, task_id=f"t{i}", steps=[call, tool], admitted_at=0.0, finished_at=t0 + 1.11)
+
+    history = Trace(samples=[sample(0, 0.5), sample(1, 0.504), sample(2, 0.508)])  # chains started 4 ms apart
+    # openai workers described by their speed (a serve-sim pool at a tenth of real time)
+    config = BatchConfig.model_validate({"engine": {"kind": "openai", "params": {
+        "endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}],
+        "timing": {"kind": "simulated", "profile": "llama3-8b-h100", "time_scale": 0.1}}}})  # fmt: skip
+    base = engine_base(config, 2, [history])
+    # wall seconds / the engines' time scale: (20 + 10) ms over two steps = 15 ms a step
+    assert base.step_latency_s == pytest.approx(0.15) and base.sample_start_s == pytest.approx(0.04)
+    assert base.env_time_scale == pytest.approx(10.0) and base.workers == 2
+    assert engine_base(config, 2, []).step_latency_s == 0.0  # no history: nothing measured

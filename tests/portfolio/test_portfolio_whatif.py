@@ -22,7 +22,7 @@ from testkit import answers, free_port, wait_until
 
 from agentbatch.db.store import Store
 from agentbatch.flows.cli import main as cli
-from agentbatch.flows.commands.whatif import start_costs
+from agentbatch.sim.virtual_time.runner import start_costs
 from agentbatch.traces import Trace, TraceSample, TraceStep, generate, write_trace
 
 SCALE = 0.25  # the workers and the recorded tool durations run at a quarter of real time
@@ -43,16 +43,17 @@ def live_batch(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
             wait_until(lambda p=port: answers(f"http://127.0.0.1:{p}/health"), 120, "serve-sim health",
                        alive=lambda pr=proc: pr.poll() is None)
         argv = ["replay", str(trace), "--mode", "live", "--engine", "openai", "--model", "llama3-8b-h100",
-                "--time-scale", str(SCALE), "--env-slots", "3", "--max-active", "10", "--admission-control", "static",
-                "--priors", str(trace), "--db", db]
+                "--profile", "llama3-8b-h100", "--time-scale", str(SCALE), "--env-slots", "3", "--max-active", "10",
+                "--admission-control", "static", "--priors", str(trace), "--db", db]
         for port in ports:
             argv += ["--endpoint", f"http://127.0.0.1:{port}/v1"]
         assert cli(argv) == 0
+        assert cli([*argv, "--policy", "auto"]) == 0  # chooses by simulating the workers on the first batch
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)
-    [batch] = Store(db).list_batches()
+    batch, _ = Store(db).list_batches()
     return db, batch.id
 
 
@@ -63,6 +64,28 @@ def test_the_same_configuration_is_predicted_near_the_recorded_makespan(live_bat
     assert out["workers"] == 2 and out["env_slots"] == 3
     assert out["runner_step_cost_s"] > 0 and out["start_spacing_s"] > 0  # measured from the recorded steps
     assert out["predicted_same_s"] == pytest.approx(out["recorded_makespan_s"], rel=0.05)
+
+
+def test_auto_chooses_for_openai_workers_described_by_a_profile(live_batch) -> None:  # noqa: ANN001
+    db, batch_id = live_batch
+    store = Store(db)
+    try:
+        first, auto = (store.get_batch(i).config for i in (batch_id, batch_id + 1))
+    finally:
+        store.close()
+    # the endpoints' speed is in the engine config, for predictions only; requests went to the endpoints
+    assert auto["engine"]["params"]["timing"] == {"kind": "simulated", "profile": "llama3-8b-h100", "time_scale": SCALE}
+    assert auto["engine"]["params"]["inner"] == "openai" and first["scheduling"]["choice"] is None
+    choice = auto["scheduling"]["choice"]
+    assert choice["mode"] == "auto" and choice["members"] == 1 and auto["scheduling"]["policy"] == choice["chosen"]
+    assert {r["name"] for r in choice["candidates"]} >= {"decoupled FIFO, all admitted", "defaults"}
+
+
+def test_whatif_reads_the_workers_speed_from_the_engine_config(live_batch, capsys) -> None:  # noqa: ANN001
+    db, batch_id = live_batch
+    assert cli(["whatif", str(batch_id), "--json", "--db", db]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["time_scale"] == SCALE and out["profile"] == "llama3-8b-h100"
 
 
 def test_fewer_slots_and_another_policy_are_predicted_beside_it(live_batch, capsys) -> None:  # noqa: ANN001

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from agentbatch.flows.commands._inputs import db_url_arg
 
 EXIT_USAGE = 2  # bad input: config file, batch id, arguments
+DEFAULT_PROFILE = "llama3-8b-h100"  # the simulated engine's profile where a command is given none
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:

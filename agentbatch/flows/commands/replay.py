@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentbatch.flows.commands._common import add_db_option, fail
+from agentbatch.flows.commands._common import DEFAULT_PROFILE, add_db_option, fail
 from agentbatch.flows.commands._inputs import positive_float, positive_int
 from agentbatch.scheduling.admission_order import ADMISSION_ORDERS
 from agentbatch.scheduling.defaults import ADMISSION_CONTROLS, DEFAULTS
@@ -81,7 +81,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", action="append", default=[], metavar="URL",
                    help="OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1); repeat for more workers")
     p.add_argument("--model", default="default", help="model name sent to the endpoints")
-    p.add_argument("--profile", default="llama3-8b-h100", help="simulated engine profile (name or .json)")
+    p.add_argument("--profile", default=None,
+                   help=f"simulated engine profile (name or .json; default {DEFAULT_PROFILE}); live with --engine "
+                   "openai: the endpoints' speed as that profile at --time-scale (a serve-sim pool, or a profile from "
+                   "`agentbatch calibrate`), which --policy auto predicts with")
     p.add_argument("--workers", type=positive_int, default=2, help="simulated engine workers")
     p.add_argument("--inference", choices=("engine", "recorded"), default="engine",
                    help="virtual mode: inference on the engine model, or each call its recorded duration")
@@ -158,7 +161,7 @@ def _virtual(args: argparse.Namespace, params: dict[str, dict[str, Any]]) -> int
         trace.samples = trace.samples[: args.samples]
     spec = {k: PolicySpec(getattr(args, k), params[k]) for k in POLICY_KINDS}
     cfg = VirtualConfig(
-        workers=args.workers, profile=args.profile, max_active=args.max_active, env_slots=args.env_slots,
+        workers=args.workers, profile=args.profile or DEFAULT_PROFILE, max_active=args.max_active, env_slots=args.env_slots,
         per_worker_inflight=args.per_worker_inflight, coupled=args.coupled, admission_order=args.admission_order,
         admission_control=args.admission_control, env_time_scale=args.time_scale, priors=_priors(args), inference=args.inference,
         router=spec["router"], env_queue=spec["env_queue"], inference_queue=spec["inference_queue"],
@@ -194,13 +197,15 @@ def live_batch_config(args: argparse.Namespace, params: dict[str, dict[str, Any]
     from agentbatch.environments.recorded import RecordedWorkload
     from agentbatch.flows.config import BatchConfig
 
+    timing = {"kind": "simulated", "profile": args.profile or DEFAULT_PROFILE, "time_scale": args.time_scale}
     if args.engine == "openai":
         engine: dict[str, Any] = {"inner": "openai", "endpoints": [
             {"name": f"worker-{i}", "base_url": url, "model": args.model} for i, url in enumerate(args.endpoint)
         ]}  # fmt: skip
+        if args.profile:  # the endpoints' speed, for predictions only
+            engine["timing"] = timing
     else:
-        engine = {"inner": "timing", "workers": args.workers,
-                  "timing": {"kind": "simulated", "profile": args.profile, "time_scale": args.time_scale}}  # fmt: skip
+        engine = {"inner": "timing", "workers": args.workers, "timing": timing}
     workload: dict[str, Any] = {"trace": str(args.trace.resolve()), "time_scale": args.time_scale}
     if args.samples is not None:
         workload["samples"] = args.samples

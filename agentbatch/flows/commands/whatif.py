@@ -28,14 +28,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agentbatch.flows.commands._common import EXIT_USAGE, add_db_option, fail, quiet_on_closed_pipe
+from agentbatch.flows.commands._common import (
+    DEFAULT_PROFILE,
+    EXIT_USAGE,
+    add_db_option,
+    fail,
+    quiet_on_closed_pipe,
+)
 from agentbatch.flows.commands._inputs import positive_float, positive_int
 
-DEFAULT_PROFILE = "llama3-8b-h100"
 POLICY_KINDS = ("router", "env_queue", "inference_queue", "priority")
 
 
@@ -56,15 +60,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=quiet_on_closed_pipe(run))
 
 
-@dataclass(frozen=True)
-class StartCosts:
-    """What the runner spends starting sample chains (wall seconds, measured from the recorded batch)."""
-
-    offset_s: float  # from the first admission to the batch's first step, beyond latency and spacing
-    spacing_s: float  # between the first steps of the samples admitted at the start (median)
-    latency_s: float  # from a later admission to the sample's first step (median; 0 if none was later)
-
-
 @dataclass
 class Recorded:
     """What the store holds of the batch: its trace, scheduling config, engine and makespan."""
@@ -74,8 +69,6 @@ class Recorded:
     engine: dict[str, Any]
     workers: int
     makespan_s: float
-    step_cost_s: float = 0.0  # the runner's own wall seconds per step (measured)
-    start: StartCosts = StartCosts(0.0, 0.0, 0.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,47 +114,12 @@ def load(store: Any, batch_id: int) -> Recorded:
     trace = export_batch(store, batch_id)
     makespan = max(s.finished_at for s in done) - min(s.admitted_at for s in done)
     return Recorded(trace, dict(config.get("scheduling") or {}), dict(config.get("engine") or {}),
-                    _engine_workers(trace), makespan, runner_cost(trace), start_costs(trace))  # fmt: skip
+                    _engine_workers(trace), makespan)  # fmt: skip
 
 
 def _engine_workers(trace: Any) -> int:
     """The engine workers that served the batch: those its inference steps name."""
     return len({st.worker for s in trace.samples for st in s.steps if st.kind == "inference" and st.worker})
-
-
-def start_costs(trace: Any) -> StartCosts:
-    """How the runner started the recorded chains. The samples admitted at the start (before any
-    finished) are admitted together, but each first stamps its admission and writes it to the store,
-    so their stamps are spread while their first steps are queued close together after the batch's
-    start-up: the spacing of those first steps, not of the stamps, is what the simulation needs. A
-    sample admitted later (a slot freed) queues its first step a latency after its admission."""
-    samples = [s for s in trace.samples if s.steps and s.admitted_at is not None and s.steps[0].enqueued_at is not None]
-    if not samples:
-        return StartCosts(0.0, 0.0, 0.0)
-    t0 = min(s.admitted_at for s in samples)
-    first_end = min(s.finished_at for s in samples)
-    wave = sorted(s.steps[0].enqueued_at for s in samples if s.admitted_at < first_end)
-    late = [s.steps[0].enqueued_at - s.admitted_at for s in samples if s.admitted_at >= first_end]
-    spacing = statistics.median([b - a for a, b in zip(wave, wave[1:], strict=False)]) if len(wave) > 1 else 0.0
-    latency = max(0.0, statistics.median(late)) if late else 0.0
-    return StartCosts(max(0.0, wave[0] - t0 - latency - spacing), spacing, latency)
-
-
-def runner_cost(trace: Any) -> float:
-    """Mean wall seconds per step the runner spent beyond the engine's and the tool's own time: an
-    inference call's duration less its prefill, decode and engine queue, plus the gap until the
-    sample's next step is queued."""
-    total, steps = 0.0, 0
-    for s in trace.samples:
-        for i, st in enumerate(s.steps):
-            steps += 1
-            if st.kind == "inference" and st.prefill_s is not None:
-                engine = (st.prefill_s or 0.0) + (st.decode_s or 0.0) + (st.engine_queue_s or 0.0)
-                total += max(0.0, (st.duration_s or 0.0) - engine)
-            nxt = s.steps[i + 1] if i + 1 < len(s.steps) else None
-            if nxt is not None and nxt.enqueued_at is not None and st.finished_at is not None:
-                total += max(0.0, nxt.enqueued_at - st.finished_at)  # not its wait for a slot: that is scheduling
-    return total / steps if steps else 0.0
 
 
 def _engine_speed(rec: Recorded, args: argparse.Namespace) -> tuple[str, float]:
@@ -176,15 +134,14 @@ def base_config(rec: Recorded, args: argparse.Namespace) -> Any:
     from agentbatch.scheduling.defaults import DEFAULTS
     from agentbatch.scheduling.registry import PolicySpec
     from agentbatch.sim.virtual_time import VirtualConfig
+    from agentbatch.sim.virtual_time.runner import with_runner_costs
 
     s, (profile, scale) = rec.scheduling, _engine_speed(rec, args)
     workers = rec.workers or int((rec.engine.get("params") or {}).get("workers") or 1)
     policies = {k: PolicySpec((s.get(k) or {}).get("name", getattr(DEFAULTS, k)), dict((s.get(k) or {}).get("params") or {}))
                 for k in POLICY_KINDS}  # fmt: skip
-    return VirtualConfig(
+    cfg = VirtualConfig(
         workers=workers, profile=profile, env_time_scale=1.0 / scale,
-        step_latency_s=rec.step_cost_s / scale, sample_start_s=rec.start.spacing_s / scale,
-        sample_start_latency_s=rec.start.latency_s / scale,
         max_active=int(s.get("max_active_samples", DEFAULTS.max_active_samples)),
         env_slots=int(s.get("env_slots", DEFAULTS.env_slots)),
         per_worker_inflight=int(s.get("per_worker_inflight", DEFAULTS.per_worker_inflight)),
@@ -193,14 +150,17 @@ def base_config(rec: Recorded, args: argparse.Namespace) -> Any:
         router=policies["router"], env_queue=policies["env_queue"], inference_queue=policies["inference_queue"],
         priority=policies["priority"],
     )  # fmt: skip
+    return with_runner_costs(cfg, [rec.trace], scale)
 
 
 def predict(rec: Recorded, args: argparse.Namespace) -> dict[str, Any]:
     """The recorded makespan, the prediction of the same config and of the changed one (wall seconds)."""
     from agentbatch.sim.portfolio import candidate_config, portfolio
     from agentbatch.sim.virtual_time import simulate
+    from agentbatch.sim.virtual_time.runner import runner_cost, start_costs
 
     _, scale = _engine_speed(rec, args)
+    start = start_costs(rec.trace)
     same = base_config(rec, args)
     changed = same
     what: list[str] = []
@@ -215,13 +175,13 @@ def predict(rec: Recorded, args: argparse.Namespace) -> dict[str, Any]:
         what.append(f"policy {args.policy!r}")
     out: dict[str, Any] = {"recorded_makespan_s": round(rec.makespan_s, 3), "time_scale": scale,
                            "profile": same.profile, "workers": same.workers, "env_slots": same.env_slots,
-                           "runner_step_cost_s": round(rec.step_cost_s, 4), "start_offset_s": round(rec.start.offset_s, 4),
-                           "start_spacing_s": round(rec.start.spacing_s, 4), "start_latency_s": round(rec.start.latency_s, 4)}  # fmt: skip
+                           "runner_step_cost_s": round(runner_cost(rec.trace), 4), "start_offset_s": round(start.offset_s, 4),
+                           "start_spacing_s": round(start.spacing_s, 4), "start_latency_s": round(start.latency_s, 4)}  # fmt: skip
     # the simulation starts its first chain when the recorded batch had started up (offset)
-    out["predicted_same_s"] = round(simulate(rec.trace, same).summary.makespan_s * scale + rec.start.offset_s, 3)
+    out["predicted_same_s"] = round(simulate(rec.trace, same).summary.makespan_s * scale + start.offset_s, 3)
     if what:
         out["change"] = ", ".join(what)
-        out["predicted_changed_s"] = round(simulate(rec.trace, changed).summary.makespan_s * scale + rec.start.offset_s, 3)
+        out["predicted_changed_s"] = round(simulate(rec.trace, changed).summary.makespan_s * scale + start.offset_s, 3)
     return out
 
 
