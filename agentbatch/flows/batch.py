@@ -263,12 +263,22 @@ def _to_plan(store: Store, claim: _Claim) -> list[Any]:
     return claim.todo if claim.window is None else store.samples(claim.keeper.batch_id, statuses=UNFINISHED)
 
 
-def _ordered_window(claim: _Claim, plan: AdmissionPlan) -> ClaimWindow | None:
-    """The claim window with the samples still to claim, in admission order."""
-    if claim.window is not None:
-        claimed = {s.id for s in claim.todo}
-        claim.window.order = [s.id for s in plan.todo if s.id not in claimed]
-    return claim.window
+def _window_start(claim: _Claim, plan: AdmissionPlan) -> list[Any]:
+    """The samples a run starts with. Under a window: the first `size` of the admission order that
+    nobody else holds, as virtual time admits them. The first claim came before the plan, in index
+    order: those outside the head of the order are given back and the missing ones claimed; the
+    window keeps the rest in admission order."""
+    window = claim.window
+    if window is None:
+        return claim.todo
+    head = {s.id for s in plan.todo[: window.size]}
+    keep = [s for s in claim.todo if s.id in head]
+    for s in claim.todo:
+        if s.id not in head:
+            claim.keeper.leases.release(s.id)  # unfinished and now unheld, as before the claim
+    kept = {s.id for s in keep}
+    window.order = [s.id for s in plan.todo if s.id not in kept]
+    return keep + window.take(window.size - len(keep))
 
 
 def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFactory | None,
@@ -291,13 +301,13 @@ def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFacto
     batch.writer.fences = keeper.leases.tokens  # every write for a sample proves this process still leases it
     for e in engines:
         store.upsert_worker(batch_id, e.name, "engine", endpoint=getattr(e, "base_url", None))
-    todo = _settle_claimed(store, keeper, workload, todo)
+    todo = _settle_claimed(store, keeper, workload, _window_start(claim, plan))
     if config.scheduling.env_slots_scope == "batch":
         keeper.on_owners = env_slot_share(config.scheduling.env_slots, keeper, coordinator)
     live = _LiveBatch(config, keeper, todo, batch, engines, events, owned, total=len(store.samples(batch_id)),
                       policy=policy)  # fmt: skip
     live.todo, live.priors = _in_order(plan.todo, todo), plan.priors  # the order they queue for admission
-    live.window = _ordered_window(claim, plan)
+    live.window = claim.window
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
     log.info("batch %s (%s): %d of %d samples to run, %d engine worker(s), mode %s", batch_id, config.name,
              len(todo), live.total, len(engines), config.execution.mode if use_prefect else "plain-asyncio")

@@ -70,3 +70,26 @@ def test_kv_balanced_live_says_it_orders_longest_first(sqlite_url: str, caplog) 
     assert any("kv_balanced" in r.getMessage() and "longest" in r.getMessage() for r in caplog.records)
     assert [lengths[t] for t in admission_order(store, second)] == sorted(lengths.values(), reverse=True)
     store.close()
+
+
+def test_the_claim_window_starts_with_the_head_of_the_admission_order(sqlite_url: str) -> None:
+    """`run` holds a window of samples (16 here) and claims more as they finish; its first claim
+    comes before the admission plan. The order still holds over the whole batch: the window starts
+    with the longest recorded chains wherever they are listed, as virtual time admits them."""
+    def big(order: str) -> BatchConfig:
+        return cfg(order).model_copy(update={"workload": cfg(order).workload.model_copy(
+            update={"params": {"limit": 40, "seed": 4}})})  # fmt: skip
+
+    store = Store(sqlite_url)
+    first = create_batch(big("arrival"), store)
+    asyncio.run(execute_batch(store, first, use_prefect=False, show_progress=False))
+    listed = [s.task_id for s in store.samples(first)]
+    lengths = {s.task_id: s.steps_done for s in store.samples(first)}
+    top = sorted(listed, key=lambda t: -lengths[t])[:16]
+    assert any(listed.index(t) >= 16 for t in top)  # some of the longest are listed past the first window
+
+    second = create_batch(big("longest_prior_first"), store)
+    asyncio.run(execute_batch(store, second, use_prefect=False, show_progress=False))
+    assert [lengths[t] for t in admission_order(store, second)] == sorted(lengths.values(), reverse=True)
+    assert all(s.lease_owner is None for s in store.samples(second))  # given back or finished: none held
+    store.close()
