@@ -186,11 +186,12 @@ class SampleLeases:
                                                                 Sample.lease_owner == self.owner)))
         return set(self._held)
 
-    def release(self, sample_id: int) -> None:
+    def release(self, *sample_ids: int) -> None:
+        """Give back these samples' leases, in one transaction."""
         with self.store.session() as s, s.begin():
-            s.execute(update(Sample).where(Sample.id == sample_id, Sample.lease_owner == self.owner)
+            s.execute(update(Sample).where(Sample.id.in_(sample_ids), Sample.lease_owner == self.owner)
                       .values(lease_owner=None, lease_expires_at=None))
-        self._held.discard(sample_id)
+        self._held.difference_update(sample_ids)
 
     def release_all(self) -> None:
         with self.store.session() as s, s.begin():

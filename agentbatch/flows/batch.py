@@ -273,10 +273,10 @@ def _window_start(claim: _Claim, plan: AdmissionPlan) -> list[Any]:
         return claim.todo
     head = {s.id for s in plan.todo[: window.size]}
     keep = [s for s in claim.todo if s.id in head]
-    for s in claim.todo:
-        if s.id not in head:
-            claim.keeper.leases.release(s.id)  # unfinished and now unheld, as before the claim
     kept = {s.id for s in keep}
+    outside = [s.id for s in claim.todo if s.id not in kept]
+    if outside:
+        claim.keeper.leases.release(*outside)  # unfinished and now unheld, as before the claim
     window.order = [s.id for s in plan.todo if s.id not in kept]
     return keep + window.take(window.size - len(keep))
 
