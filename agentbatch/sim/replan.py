@@ -59,7 +59,7 @@ from agentbatch.scheduling.registry import make_priority, make_queue, make_route
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.sim.portfolio import KnownRun, Member, candidate_config
 from agentbatch.sim.virtual_time.simulation import Checkpoints, SimulationCut, VirtualBatch, VirtualConfig
-from agentbatch.traces.schema import INFERENCE, TraceSample, TraceStep
+from agentbatch.traces.schema import ENVIRONMENT, INFERENCE, TraceSample, TraceStep
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,7 @@ class Replanner:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     history: list[Looked] = field(default_factory=list)
+    revealed: Revealed | None = None  # a live batch's record beyond the replayed state (sim/replan_live.py)
 
     def attach(self, batch: VirtualBatch, predicted_s: float) -> None:
         """Checkpoints every `settings.every` x `predicted_s` of virtual time."""
@@ -146,7 +147,7 @@ class Replanner:
 
     def _replan(self, batch: VirtualBatch, now: float) -> None:
         snap = Snapshot.of(batch, now)
-        futures = [member_futures(batch, m) for m in self.members]
+        futures = [member_futures(batch, m, self.revealed) for m in self.members]
         stay = [self._predict(snap, f, m, None, None) for f, m in zip(futures, self.members, strict=True)]
         best: tuple[float, Candidate, list[float]] | None = None
         distinct = self._distinct(batch)
@@ -333,42 +334,74 @@ def switch_target(c: Candidate, cfg: VirtualConfig) -> int:
 def apply(batch: VirtualBatch, c: Candidate, now: float, member: Member, n_ref: int) -> None:
     """Swap candidate `c`'s policies into the running batch (SchedulingCore.swap) at `now`; the
     priors are the member's (the history the batch runs with)."""
-    samples = len(batch.trace.samples)
-    cfg = candidate_config(c, batch.cfg, samples=samples, n_ref=n_ref, priors=member.priors,
+    cfg = candidate_config(c, batch.cfg, samples=len(batch.trace.samples), n_ref=n_ref, priors=member.priors,
                            context_priors=member.context_priors)  # fmt: skip
-    limit = switch_target(c, cfg)
     for s in batch.all_progress():
         s.prior_chain_steps = cfg.priors.get(s.task_id) if cfg.priors else None
-    hints = (AdmissionHints(cfg.context_priors, limit, batch.profile.kv_capacity_tokens * cfg.workers)
-             if cfg.context_priors is not None else None)  # fmt: skip
+    swap = policy_swap(c, cfg, batch.names, coupled_now=batch.core.limits.coupled,
+                       kv_tokens=batch.profile.kv_capacity_tokens * cfg.workers)  # fmt: skip
+    batch.swapped(swap, now)
+
+
+def policy_swap(c: Candidate, cfg: VirtualConfig, workers: Sequence[str], *, coupled_now: bool,
+                kv_tokens: int) -> PolicySwap:
+    """The swap that runs the rest of a batch with candidate `c` (`cfg`: its config from
+    `candidate_config`) on these engine workers: a coupled candidate as its decoupled equivalent, the
+    waiting samples in its admission order (the samples carry the priors it reads), a fresh adaptive
+    controller where it admits adaptively. Both clocks swap with it (the live one in flows/replan.py)."""
+    limit = switch_target(c, cfg)
+    hints = AdmissionHints(cfg.context_priors, limit, kv_tokens) if cfg.context_priors is not None else None
 
     def order(waiting: list[SampleProgress]) -> list[SampleProgress]:
         return admission_sequence(waiting, cfg.admission_order, hints)
 
     adaptive = cfg.admission_control == "adaptive" and not c.coupled
-    router = make_router(cfg.router.name, **cfg.router.params)
-    swap = PolicySwap(
-        coupled=False if batch.core.limits.coupled else None, admission_limit=limit,
+    return PolicySwap(
+        coupled=False if coupled_now else None, admission_limit=limit,
         env_queue=make_queue(cfg.env_queue.name, **cfg.env_queue.params),
-        inference_queues={w: make_queue(cfg.inference_queue.name, **cfg.inference_queue.params) for w in batch.names},
-        router=router, priority=make_priority(cfg.priority.name, **cfg.priority.params), admission_order=order,
+        inference_queues={w: make_queue(cfg.inference_queue.name, **cfg.inference_queue.params) for w in workers},
+        router=make_router(cfg.router.name, **cfg.router.params),
+        priority=make_priority(cfg.priority.name, **cfg.priority.params), admission_order=order,
         controller=(AdmissionController(limit) if adaptive else None,),
     )  # fmt: skip
-    batch.swapped(swap, now)
 
 
 # --- unrevealed futures ---------------------------------------------------------------------------
-def member_futures(batch: VirtualBatch, member: Member) -> dict[int, TraceSample]:
+def member_futures(batch: VirtualBatch, member: Member, revealed: Revealed | None = None) -> dict[int, TraceSample]:
     """Each unfinished sample's trace with what is not yet revealed taken from `member` (module
-    docstring): sample index -> its new trace."""
+    docstring): sample index -> its new trace. `revealed`: what a live batch recorded beyond the
+    replayed state (sim/replan_live.py) stays as recorded."""
     own = _by_task(member.trace.samples)
     out: dict[int, TraceSample] = {}
     for i, (trace, pos, asked) in batch.positions().items():
-        if pos >= len(trace.steps):
-            continue  # its chain has ended: nothing is left to reveal
+        if pos >= len(trace.steps) or (revealed is not None and i in revealed.ended):
+            continue  # its chain has ended (here or live): nothing is left to reveal
         mine = own.get(trace.task_id) or member.trace.samples[i % len(member.trace.samples)]
-        out[i] = future(trace, pos if asked else None, mine, member.trace.samples)
+        known = revealed.steps.get(i, 0) if revealed is not None else 0
+        if known > pos:
+            out[i] = continued(trace, known, mine, member.trace.samples)
+        else:
+            out[i] = future(trace, pos if asked else None, mine, member.trace.samples)
     return out
+
+
+@dataclass(frozen=True)
+class Revealed:
+    """What a live batch recorded by a checkpoint: trace index -> steps done, and the samples that
+    ended (their whole chain is known)."""
+
+    steps: dict[int, int] = field(default_factory=dict)
+    ended: frozenset[int] = frozenset()
+
+
+def continued(real: TraceSample, known: int, mine: TraceSample, others: Sequence[TraceSample]) -> TraceSample:
+    """`real`'s first `known` steps (recorded), then the member's from that position on: `mine` if it
+    is still running there with a step of the next kind, else the median chain among `others` that
+    is; without one the sample ends with its recorded steps."""
+    kind = ENVIRONMENT if real.steps[known - 1].kind == INFERENCE else INFERENCE  # chains alternate
+    tail = _tail(mine, known, kind) or _median_tail(others, known, kind)
+    rest = [replace(st, index=known + k) for k, st in enumerate(tail)]
+    return replace(real, steps=[*real.steps[:known], *rest])
 
 
 def _by_task(samples: Sequence[TraceSample]) -> dict[str, TraceSample]:

@@ -1,0 +1,105 @@
+"""Re-planning a batch that runs on the wall clock: its past replayed in virtual time.
+
+A live batch cannot be forked like a simulation (sim/replan.py). At its k-th checkpoint its past is
+replayed instead: every sample's steps the store has recorded (their durations and token counts:
+what the batch has revealed), continued by the first ensemble member's run of the same task, run in
+virtual time under the policies the batch ran (the choice before it, and each earlier switch at its
+checkpoint) up to the k-th checkpoint. There the Replanner looks as it does in virtual time, with
+one difference: a sample's recorded steps stay as recorded even where the replay has not reached
+them, and a sample that ended live keeps its whole chain. The state it starts from is therefore the
+replay's (who is admitted, the engines' caches, what is queued), which follows the live run as far
+as virtual time predicts it (docs/ablation.md, "policy auto, live").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from agentbatch.scheduling.portfolio import Candidate
+from agentbatch.sim.portfolio import Member, candidate_config
+from agentbatch.sim.replan import Replanner, ReplanSettings, Revealed, Switch, apply, continued
+from agentbatch.sim.virtual_time.simulation import Checkpoints, VirtualBatch, VirtualConfig
+from agentbatch.traces.schema import Trace, TraceSample
+
+
+@dataclass(frozen=True)
+class LivePlan:
+    """What a live batch re-plans with: the ensemble and the candidates the choice simulated, the one
+    it chose, the virtual-time config of the engines and slots, N_ref, and the checkpoint interval in
+    virtual seconds."""
+
+    members: Sequence[Member]
+    pool: Sequence[Candidate]
+    first: Candidate
+    base: VirtualConfig
+    n_ref: int
+    every_s: float
+    settings: ReplanSettings
+
+
+@dataclass(frozen=True)
+class Look:
+    """One live checkpoint: the switch (None: stay), the simulations it took and their CPU seconds;
+    `reached` is False when the replayed past ended before the checkpoint (nothing to plan)."""
+
+    switch: Switch | None
+    simulations: int
+    cpu_s: float
+    reached: bool = True
+
+
+class _Reached(Exception):
+    """Ends the replay once the checkpoint has been looked at."""
+
+
+def replay_trace(recorded: Trace, revealed: Revealed, member: Member) -> Trace:
+    """The batch's samples (trace index = position) with their recorded steps, each unfinished one
+    continued by the member's run of its task from where it stands (all of it when nothing is
+    recorded)."""
+    own = {s.task_id: s for s in reversed(member.trace.samples)}
+    out: list[TraceSample] = []
+    for i, s in enumerate(recorded.samples):
+        mine = own.get(s.task_id) or member.trace.samples[i % len(member.trace.samples)]
+        known = revealed.steps.get(i, 0)
+        if i in revealed.ended:
+            steps = s.steps[:known]
+        elif known == 0:
+            steps = list(mine.steps)
+        else:
+            steps = continued(s, known, mine, member.trace.samples).steps
+        out.append(replace(s, index=i, steps=[replace(st, index=k) for k, st in enumerate(steps)]))
+    return replace(recorded, samples=out)
+
+
+def look(plan: LivePlan, recorded: Trace, revealed: Revealed, k: int, switches: Sequence[Switch]) -> Look:
+    """The k-th checkpoint (k >= 1) of a live batch whose recorded steps are `recorded` (module
+    docstring); `switches`: those made at earlier checkpoints, in order."""
+    member = plan.members[0]
+    trace = replay_trace(recorded, revealed, member)
+    incumbent = plan.first
+    names = {c.name: c for c in plan.pool}
+    cfg = candidate_config(incumbent, plan.base, samples=len(trace.samples), n_ref=plan.n_ref,
+                           priors=member.priors, context_priors=member.context_priors)  # fmt: skip
+    batch = VirtualBatch(trace, cfg)
+    past = {round(sw.at_s / plan.every_s): sw.new for sw in switches}
+    for sw in switches:
+        incumbent = names[sw.new]
+    planner = Replanner(plan.members, plan.pool, incumbent, plan.n_ref, plan.settings, revealed=revealed)
+    seen = [0]
+
+    def checkpoint(b: VirtualBatch, now: float) -> None:
+        seen[0] += 1
+        if seen[0] < k:
+            if seen[0] in past:
+                apply(b, names[past[seen[0]]], now, member, plan.n_ref)
+            return
+        planner(b, now)
+        raise _Reached
+
+    batch.checkpoints = Checkpoints(plan.every_s, checkpoint)
+    try:
+        batch.run()
+    except _Reached:
+        return Look(planner.switches[-1] if planner.switches else None, planner.simulations, planner.cpu_s)
+    return Look(None, planner.simulations, planner.cpu_s, reached=False)
