@@ -45,7 +45,7 @@ from agentbatch.flows.leased import (
     idle_run,
     window_size,
 )
-from agentbatch.flows.policy_choice import choose_policy, publish_choice
+from agentbatch.flows.policy_choice import PolicyChoice, choose_policy, engine_model, publish_choice
 from agentbatch.flows.prefect_server import PrefectApi
 from agentbatch.flows.progress import BatchWatch
 from agentbatch.flows.store_url import shown_url
@@ -194,11 +194,13 @@ class _LiveBatch:
     total: int = 0
     policy: dict[str, Any] = field(default_factory=dict)  # what scheduling.policy ran (flows/policy_choice.py)
     window: ClaimWindow | None = None  # run / resume: more samples claimed as these finish
+    replan: Any = None  # what the run re-plans with (flows/replan.py), None when it does not
+    progress: dict[int, SampleProgress] = field(default_factory=dict)  # the running samples' progress
 
 
 def _chosen_policy(config: BatchConfig, store: Store, batch_id: int, todo: list[Any],
-                   workers: int) -> tuple[BatchConfig, AdmissionPlan, dict[str, Any]]:
-    """The config after `scheduling.policy` (flows/policy_choice.py), its admission plan and what ran."""
+                   workers: int) -> tuple[BatchConfig, AdmissionPlan, PolicyChoice]:
+    """The config after `scheduling.policy` (flows/policy_choice.py), its admission plan and the choice."""
     plan = admission_todo(config, store, batch_id, todo)
     choice = choose_policy(config, store, batch_id, [s.task_id for s in todo], workers, plan.priors)
     if choice.config is not config:  # scheduling.policy changed the scheduling: its admission order too
@@ -206,7 +208,7 @@ def _chosen_policy(config: BatchConfig, store: Store, batch_id: int, todo: list[
         plan = admission_todo(config, store, batch_id, todo)
         # kept with the batch: a resume runs the same choice, the report shows it (scheduling.choice)
         store.set_batch_config(batch_id, to_stored(config.model_dump(mode="json")))
-    return config, plan, choice.summary
+    return config, plan, choice
 
 
 def _in_order(ordered: list[Any], settled: list[Any]) -> list[Any]:
@@ -290,7 +292,8 @@ def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFacto
     if workload is None:
         workload = make_workload(config.workload.kind, config.workload.params, batch_id=batch_id)
     engines = make_engines(config.engine.kind, config.engine.params, workload)
-    config, plan, policy = _chosen_policy(config, store, batch_id, _to_plan(store, claim), len(engines))
+    fresh = set(store.status_counts(batch_id)) <= {SampleStatus.PENDING}  # nothing ran before: re-planning replays all
+    config, plan, choice = _chosen_policy(config, store, batch_id, _to_plan(store, claim), len(engines))
     coordinator = build_coordinator(config, [e.name for e in engines])
     ctx = FlowRunContext.get()
     if use_prefect and ctx is not None and isinstance(ctx.task_runner, CoordinatedTaskRunner):
@@ -305,7 +308,7 @@ def _open(store: Store, batch_id: int, claim: _Claim, workload: EnvironmentFacto
     if config.scheduling.env_slots_scope == "batch":
         keeper.on_owners = env_slot_share(config.scheduling.env_slots, keeper, coordinator)
     live = _LiveBatch(config, keeper, todo, batch, engines, events, owned, total=len(store.samples(batch_id)),
-                      policy=policy)  # fmt: skip
+                      policy=choice.summary, replan=choice.plan if fresh and claim.window is not None else None)  # fmt: skip
     live.todo, live.priors = _in_order(plan.todo, todo), plan.priors  # the order they queue for admission
     live.window = claim.window
     store.mark_batch_running(batch_id, str(ctx.flow_run.id) if ctx and ctx.flow_run else None)
@@ -361,7 +364,11 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
             sample_id=sample.id, task_id=sample.task_id, arrival_seq=sample.index,
             prior_chain_steps=live.priors.get(sample.task_id), last_worker=sample.last_worker,
         )
-        await _run_chain(batch, sample, progress, mode)
+        live.progress[sample.id] = progress  # a re-planning switch sets its priors (flows/replan.py)
+        try:
+            await _run_chain(batch, sample, progress, mode)
+        finally:
+            live.progress.pop(sample.id, None)
         bar.update(1)
         await artifact.update(bar.n)
 
@@ -374,6 +381,7 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         batch.coordinator.engine_counters = lambda: counters_from_workers(scraper.latest.values())
     batch.on_sample_end = functools.partial(live.keeper.sample_ended, batch.coordinator)
     batch.writer.start()  # this flow owns the writer: started before the first step, closed after the last
+    replanning = asyncio.create_task(_replanner(live).run()) if live.replan is not None else None
     if live.events is not None:
         live.events.start()
     try:
@@ -388,6 +396,10 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         store.finish_batch(batch.batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise
     finally:
+        if replanning is not None:
+            replanning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replanning
         await bar.aclose()
         await batch.writer.aclose()  # after the samples: their last rows are committed
         if live.events is not None:
@@ -397,6 +409,19 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         if live.owns_workload:
             await batch.workload.aclose()
     return None
+
+
+def _replanner(live: _LiveBatch) -> Any:
+    """The run's re-planner (flows/replan.py; imported here: the simulator is a slow import)."""
+    from agentbatch.flows.replan import LiveReplanner, LiveTarget
+
+    b = live.batch
+    model = engine_model(live.config)
+    assert model is not None  # policy auto chose: the engines' timing is known
+    target = LiveTarget(b.store, b.batch_id, live.config, b.coordinator, live.keeper, live.window, live.priors,
+                        live.progress, {s.id: (s.task_id, s.index) for s in b.store.samples(b.batch_id)},
+                        [e.name for e in live.engines], live.policy)  # fmt: skip
+    return LiveReplanner(live.replan, model[1], target)
 
 
 async def _drive_window(live: _LiveBatch, drive: Callable[[Any], Any]) -> None:

@@ -77,6 +77,14 @@ class PolicyConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters")
 
 
+class ReplanConfig(_Strict):
+    every: float = Field(
+        0.1, ge=0, le=1,
+        description="checkpoint interval as a share of the chosen policy's predicted makespan; 0: no re-planning",
+    )
+    margin: float = Field(0.02, ge=0, lt=1, description="the mean predicted gain a switch needs (none predicted slower)")
+
+
 class SchedulingConfig(_Strict):
     # Every default comes from agentbatch.scheduling.defaults (shared with `replay` and virtual time).
     max_active_samples: int = Field(DEFAULTS.max_active_samples, ge=1, le=1_000_000,
@@ -124,6 +132,11 @@ class SchedulingConfig(_Strict):
         "and run the best (needs the engine config's simulated timing profile and history; otherwise the fields "
         "here run as written); configured: the fields here run as written; or a candidate's name "
         "(`agentbatch whatif --policy list`). See docs/method.md",
+    )
+    replan: ReplanConfig = Field(
+        default_factory=ReplanConfig,
+        description="with policy auto: at checkpoints while the batch runs, simulate every candidate on the rest "
+        "from what the batch has recorded and switch when one is predicted faster (docs/method.md)",
     )
     choice: dict[str, Any] | None = Field(
         None, description="written by policy auto: the chosen candidate, every candidate's predicted makespan, "

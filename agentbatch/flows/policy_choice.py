@@ -19,6 +19,8 @@ returned for the run's summary and published as a Prefect artifact (key `policy-
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,7 @@ class PolicyChoice:
 
     config: BatchConfig
     summary: dict[str, Any]
+    plan: Any = None  # sim/replan_live.py LivePlan: what the run re-plans with (scheduling.replan), if it does
 
 
 def choose_policy(config: BatchConfig, store: Any, batch_id: int, task_ids: list[str], workers: int,
@@ -59,15 +62,31 @@ def _decide(config: BatchConfig, members: list[Any], workers: int, samples: int,
             batch_id: int) -> PolicyChoice:
     from agentbatch.sim.portfolio import decide
 
-    d = decide(members, engine_base(config, workers, [m.trace for m in members]),
-               n_ref=config.scheduling.max_active_samples)
+    base = engine_base(config, workers, [m.trace for m in members])
+    d = decide(members, base, n_ref=config.scheduling.max_active_samples)
     summary = d.to_dict()
     log.info("batch %s: policy auto chose %r (score %.3f vs best baseline %r %.3f; %d simulation(s) on %d earlier "
              "run(s) in %.2fs)", batch_id, d.choice.name, d.choice.score, d.choice.fallback, d.choice.fallback_score,
              d.simulations, d.members, d.decide_s)  # fmt: skip
     chosen = apply_candidate(config, d.chosen, samples)
     scheduling = chosen.scheduling.model_copy(update={"choice": summary})
-    return PolicyChoice(chosen.model_copy(update={"scheduling": scheduling}), summary)
+    return PolicyChoice(chosen.model_copy(update={"scheduling": scheduling}), summary,
+                        live_plan(config, d, members, base))
+
+
+def live_plan(config: BatchConfig, d: Any, members: list[Any], base: Any) -> Any:
+    """What the run re-plans with (flows/replan.py), None when `scheduling.replan.every` is 0 or the
+    chosen candidate has no finite prediction."""
+    from agentbatch.sim.replan import ReplanSettings
+    from agentbatch.sim.replan_live import LivePlan
+
+    r = config.scheduling.replan
+    predicted = sorted(x for x in d.predictions[d.choice.name] if math.isfinite(x))
+    if r.every <= 0 or not predicted:
+        return None
+    every_s = r.every * statistics.median(predicted)
+    return LivePlan(members, d.candidates, d.chosen, base, config.scheduling.max_active_samples, every_s,
+                    ReplanSettings(every=r.every, margin=r.margin))
 
 
 def engine_model(config: BatchConfig) -> tuple[str, float] | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agentbatch.scheduling.admission_control import EngineMeasurements
-from agentbatch.scheduling.core import CountersHook, Grant, LoadHook, SchedulingCore
+from agentbatch.scheduling.core import CountersHook, Grant, LoadHook, PolicySwap, SchedulingCore
 from agentbatch.scheduling.policies import AdmissionLimits, PriorityPolicy, QueuePolicy, Router
 from agentbatch.scheduling.types import SampleProgress, StepTicket, WorkerLoad
 
@@ -114,6 +114,11 @@ class Coordinator:
         """Change the admission limit while the batch runs (waiting samples are admitted at once
         when it grows; a lower limit takes effect as samples finish)."""
         self._deliver(self.core.set_admission_limit(limit, self.clock()))
+
+    def swap(self, swap: PolicySwap) -> None:
+        """Run the rest of the batch with other policies (re-planning while it runs, flows/replan.py):
+        `SchedulingCore.swap` at this instant, its grants delivered."""
+        self._deliver(self.core.swap(swap, self.clock()))
 
     @property
     def env_slots(self) -> int:

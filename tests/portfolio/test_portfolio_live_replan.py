@@ -1,0 +1,78 @@
+"""Re-planning a live batch (flows/replan.py): a batch started on a slow candidate switches at a
+checkpoint from what the store recorded, the switch is kept with the batch (a resume runs what was
+switched to) and in the run's summary, and the batch ends whole, each step recorded once."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentbatch.flows.batch as batch_module
+from agentbatch.db.store import Store
+from agentbatch.flows.cli import main as cli
+from agentbatch.flows.policy_choice import PolicyChoice, apply_candidate, choose_policy
+from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES
+from agentbatch.sim.portfolio import candidate_config
+from agentbatch.sim.virtual_time import VirtualBatch
+from agentbatch.traces import generate, write_trace
+
+NAMES = {c.name: c for c in BUILTIN_CANDIDATES}
+SLOW = NAMES["coupled at S*0.25"]  # one sample at a time on 4 slots: far behind every other candidate
+
+
+def _replay(trace: Path, db: str, policy: str) -> None:
+    assert cli(["replay", str(trace), "--mode", "live", "--engine", "simulated", "--workers", "2",
+                "--time-scale", "0.02", "--env-slots", "4", "--max-active", "5", "--policy", policy,
+                "--db", db]) == 0  # fmt: skip
+
+
+def _start_slow(config: Any, store: Any, batch_id: int, task_ids: list[str], workers: int,
+                priors: dict[str, float]) -> PolicyChoice:
+    """policy auto's real decision and plan, but the batch starts on SLOW (as a choice made on a
+    misleading history would)."""
+    real = choose_policy(config, store, batch_id, task_ids, workers, priors)
+    assert real.plan is not None, "auto decided from the history, with re-planning on"
+    member = real.plan.members[0]
+    cfg = candidate_config(SLOW, real.plan.base, samples=len(task_ids), n_ref=real.plan.n_ref,
+                           priors=member.priors, context_priors=member.context_priors)  # fmt: skip
+    predicted = VirtualBatch(member.trace, cfg).run().makespan_s
+    plan = replace(real.plan, first=SLOW, every_s=0.1 * predicted)
+    summary = {**real.summary, "chosen": SLOW.name}
+    chosen = apply_candidate(config, SLOW, len(task_ids))
+    chosen = chosen.model_copy(update={"scheduling": chosen.scheduling.model_copy(update={"choice": summary})})
+    return PolicyChoice(chosen, summary, plan)
+
+
+def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
+        tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    history, batch = tmp_path / "h.parquet", tmp_path / "b.parquet"
+    write_trace(generate("widesearch_like", 10, seed=2, epoch=0), history)
+    write_trace(generate("widesearch_like", 10, seed=2, epoch=1), batch)
+    _replay(history, sqlite_url, "configured")
+    monkeypatch.setattr(batch_module, "choose_policy", _start_slow)
+    with caplog.at_level(logging.INFO, logger="agentbatch.replan"):
+        _replay(batch, sqlite_url, "auto")
+    store = Store(sqlite_url)
+    try:
+        row = store.list_batches()[-1]
+        scheduling = row.config["scheduling"]
+        switches = scheduling["choice"]["switches"]
+        assert switches and switches[0]["from"] == SLOW.name and switches[0]["predicted_ratio"] < 0.98
+        assert scheduling["policy"] == switches[-1]["to"] != SLOW.name  # a resume runs what was switched to
+        to = NAMES[switches[-1]["to"]]
+        assert scheduling["coupled"] == to.coupled and scheduling["env_queue"]["name"] == to.env_queue
+        assert "re-planned at" in caplog.text
+        samples = store.samples(row.id)
+        assert len(samples) == 10 and all(s.status == "completed" for s in samples)
+        done = Counter((st.sample_id, st.index) for st in store.steps(row.id) if st.status == "completed")
+        assert set(done.values()) == {1}
+        # SLOW runs one sample at a time; after the switch several ran at once
+        spans = [(s.admitted_at, s.finished_at) for s in samples]
+        assert max(sum(a <= t < f for a, f in spans) for t, _ in spans) >= 2
+    finally:
+        store.close()
