@@ -99,9 +99,11 @@ class LiveRun:
 
 
 def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0, env_time_scale: float = 1.0,
-                     sample_start_s: float = 0.0, candidate: str | None = None) -> float:
+                     sample_start_s: float = 0.0, candidate: str | None = None,
+                     switches: tuple[dict[str, Any], ...] = ()) -> float:
     """The replay's makespan in virtual time; with `candidate`, that portfolio candidate's (as policy
-    auto simulates and runs it: N_ref = the flags' admission limit, the flags' priors)."""
+    auto simulates and runs it: N_ref = the flags' admission limit, the flags' priors), switched to
+    another at each checkpoint where the live run re-planned (`switches`: the stored choice's)."""
     from agentbatch.flows.cli import build_parser
     from agentbatch.flows.commands.replay import POLICY_KINDS, _params, _priors
     from agentbatch.sim.portfolio import candidate_config, portfolio
@@ -119,7 +121,30 @@ def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0,
     if candidate is not None:
         cand = next(c for c in portfolio() if c.name == candidate)
         cfg = candidate_config(cand, cfg, samples=len(trace.samples), n_ref=a.max_active, priors=cfg.priors)
+    if switches:
+        return _switched(trace, cfg, switches, a.max_active)
     return simulate(trace, cfg).summary.makespan_s
+
+
+def _switched(trace: Any, cfg: Any, switches: tuple[dict[str, Any], ...], n_ref: int) -> float:
+    """The batch in virtual time with the live run's switches made at the same checkpoints."""
+    from agentbatch.sim.portfolio import Member, portfolio
+    from agentbatch.sim.replan import apply
+    from agentbatch.sim.virtual_time import VirtualBatch
+    from agentbatch.sim.virtual_time.simulation import Checkpoints
+
+    every_s = switches[0]["at_s"] / switches[0]["checkpoint"]
+    to = {sw["checkpoint"]: next(c for c in portfolio() if c.name == sw["to"]) for sw in switches}
+    seen = [0]
+
+    def checkpoint(batch: Any, now: float) -> None:
+        seen[0] += 1
+        if seen[0] in to:
+            apply(batch, to[seen[0]], now, Member(trace, cfg.priors), n_ref)
+
+    batch = VirtualBatch(trace, cfg)
+    batch.checkpoints = Checkpoints(every_s, checkpoint)
+    return batch.run().makespan_s
 
 
 def live_makespan(argv_at: object, profile: str, scale: float, db: str, recorded: dict[tuple[int, int], float]) -> LiveRun:
@@ -291,6 +316,7 @@ def auto_check(fam: Family, args: argparse.Namespace, virt: dict[str, float], sc
     choice = auto.scheduling.get("choice") or {}
     chosen = choice.get("chosen", "configured")
     print(f"  {fam.name} policy auto chose {chosen!r}: {choice.get('reason') or _choice_line(choice)}", flush=True)
+    print(f"  {fam.name} policy auto re-planning: {_replan_line(choice)}", flush=True)
     if chosen == "configured":
         return False
     best = min((n for n in virt if n != "defaults"), key=lambda n: virt[n])
@@ -303,12 +329,21 @@ def auto_check(fam: Family, args: argparse.Namespace, virt: dict[str, float], sc
                               f"sqlite:///{fam.tmp / (fam.name + '-b' + str(i) + '.sqlite')}", recorded)  # fmt: skip
     wall, start = runner_costs(list(live.values()), scale)
     defaults = fam.argv("defaults", PROBE, 1.0)
-    predictors = {"policy auto": partial(virtual_makespan, defaults, fam.profile, candidate=chosen),
+    switches = tuple(choice.get("switches") or ())
+    predictors = {"policy auto": partial(virtual_makespan, defaults, fam.profile, candidate=chosen, switches=switches),
                   **{n: partial(virtual_makespan, fam.argv(n, PROBE, 1.0), fam.profile) for n in others}}  # fmt: skip
     ens = _ensemble(predictors, wall / scale, start)
-    plain_virt = {"policy auto": virtual_makespan(defaults, fam.profile, candidate=chosen), **virt}
+    plain_virt = {"policy auto": virtual_makespan(defaults, fam.profile, candidate=chosen, switches=switches), **virt}
     _print_predictions(fam.name, {n: (r, plain_virt[n]) for n, r in live.items()}, ens)
     return _auto_report(fam.name, args, chosen, live, ens)
+
+
+def _replan_line(choice: dict[str, Any]) -> str:
+    done = choice.get("replan") or {}
+    moves = ", ".join(f"checkpoint {sw['checkpoint']} ({sw['at_s']:.0f} s virtual): {sw['from']!r} -> {sw['to']!r} "
+                      f"(remainder predicted x{sw['predicted_ratio']})" for sw in choice.get("switches") or ())
+    return (f"{done.get('checkpoints', 0)} checkpoint(s) every {done.get('every_s', 0):.1f} s virtual, "
+            f"{done.get('simulations', 0)} simulations, {done.get('cpu_s', 0):.2f} s CPU; {moves or 'no switch'}")
 
 
 def _controller_acts(scheduling: dict[str, Any], samples: int) -> bool:

@@ -41,7 +41,21 @@ def choice_line(choice: dict[str, Any]) -> str:
                else f"the best baseline, predicted {_s(worst_prediction(choice, chosen))}")
     return (f"  policy        auto chose {chosen} ({compare}, worst earlier run; score {choice['score']} vs "
             f"{choice['fallback_score']}); decided in {choice['decide_s']:.2f} s ({choice['simulations']} "
-            f"simulations on {choice['members']} earlier run(s)); rule: {choice['rule']}")
+            f"simulations on {choice['members']} earlier run(s)); rule: {choice['rule']}{replan_text(choice)}")
+
+
+def replan_text(choice: dict[str, Any]) -> str:
+    """What re-planning while the batch ran did (flows/replan.py): its switches and its cost."""
+    switches = choice.get("switches") or []
+    done = choice.get("replan")
+    if not switches and not isinstance(done, dict):
+        return ""
+    moves = "; ".join(f"at {sw.get('at_wall_s', sw['at_s']):.1f} s {sw['from']} -> {sw['to']} "
+                      f"(remainder predicted x{sw['predicted_ratio']})"
+                      for sw in switches)  # fmt: skip
+    cost = (f"{done['checkpoints']} checkpoint(s), {done['simulations']} simulations, {done['cpu_s']:.2f} s CPU"
+            if isinstance(done, dict) else "")
+    return f"; re-planned: {moves or 'no switch'}" + (f" ({cost})" if cost else "")
 
 
 def choice_json(choice: dict[str, Any]) -> dict[str, Any]:
@@ -69,5 +83,5 @@ def choice_html(title: str, key: str, choice: dict[str, Any]) -> str:
             f"<p>Best baseline {html.escape(str(choice['fallback']))}; decided in {choice['decide_s']:.2f} s{cpu} "
             f"({choice['simulations']} simulations on {choice['members']} earlier run(s)). Rule: "
             f"{html.escape(str(choice['rule']))}. A cut prediction stopped where the candidate could no "
-            f"longer win.</p><table class=\"figures\" id=\"policy-choice-{html.escape(key)}\">"
+            f"longer win.{html.escape(replan_text(choice))}</p><table class=\"figures\" id=\"policy-choice-{html.escape(key)}\">"
             f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")

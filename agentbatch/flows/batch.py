@@ -381,7 +381,8 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         batch.coordinator.engine_counters = lambda: counters_from_workers(scraper.latest.values())
     batch.on_sample_end = functools.partial(live.keeper.sample_ended, batch.coordinator)
     batch.writer.start()  # this flow owns the writer: started before the first step, closed after the last
-    replanning = asyncio.create_task(_replanner(live).run()) if live.replan is not None else None
+    replanner = _replanner(live) if live.replan is not None else None
+    replanning = asyncio.create_task(replanner.run()) if replanner is not None else None
     if live.events is not None:
         live.events.start()
     try:
@@ -396,10 +397,11 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         store.finish_batch(batch.batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise
     finally:
-        if replanning is not None:
+        if replanner is not None and replanning is not None:
             replanning.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await replanning
+            replanner.close()
         await bar.aclose()
         await batch.writer.aclose()  # after the samples: their last rows are committed
         if live.events is not None:

@@ -112,6 +112,18 @@ class LiveReplanner:
                      t.batch_id, k, k * self.plan.every_s, self.incumbent, seen.simulations, seen.cpu_s)
         return seen
 
+    def close(self) -> None:
+        """What re-planning did, in the run's summary and the stored choice (`replan`)."""
+        t = self.target
+        t.summary["replan"] = {"every_s": round(self.plan.every_s, 3), "checkpoints": self.looks,
+                               "switches": len(self.switches), "simulations": self.simulations,
+                               "cpu_s": round(self.cpu_s, 3)}  # fmt: skip
+        choice = {**(t.config.scheduling.choice or {}), "replan": t.summary["replan"]}
+        t.config = t.config.model_copy(update={"scheduling": t.config.scheduling.model_copy(update={"choice": choice})})
+        t.store.set_batch_config(t.batch_id, to_stored(t.config.model_dump(mode="json")))
+        log.info("batch %s: re-planning looked at %d checkpoint(s): %d switch(es), %d simulation(s), %.2f s CPU",
+                 t.batch_id, self.looks, len(self.switches), self.simulations, self.cpu_s)
+
     @property
     def incumbent(self) -> str:
         return self.switches[-1].new if self.switches else self.plan.first.name
@@ -134,7 +146,10 @@ class LiveReplanner:
             t.window.order = _reordered(t.window.order, t.samples, t.priors, swap.admission_order)
         self.switches.append(sw)
         gain = sum(n / s for n, s in zip(sw.new_predicted, sw.old_predicted, strict=True)) / len(sw.old_predicted)
-        record = {"at_s": round(sw.at_s, 3), "from": sw.old, "to": sw.new, "predicted_ratio": round(gain, 4)}
+        # at_s: virtual (engine) seconds from the start; at_wall_s: the same on the wall clock
+        record = {"at_s": round(sw.at_s, 3), "at_wall_s": round(sw.at_s * self.time_scale, 3),
+                  "checkpoint": round(sw.at_s / self.plan.every_s), "from": sw.old, "to": sw.new,
+                  "predicted_ratio": round(gain, 4)}  # fmt: skip
         t.summary.setdefault("switches", []).append(record)
         log.info("batch %s: re-planned at %.1f s virtual: %r -> %r (remainder predicted x%.3f of staying)",
                  t.batch_id, sw.at_s, sw.old, sw.new, gain)

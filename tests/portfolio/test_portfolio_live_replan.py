@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import agentbatch.flows.batch as batch_module
+from agentbatch.dashboards.summary import summarize
 from agentbatch.db.store import Store
 from agentbatch.flows.cli import main as cli
 from agentbatch.flows.policy_choice import PolicyChoice, apply_candidate, choose_policy
@@ -67,10 +68,13 @@ def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
         to = NAMES[switches[-1]["to"]]
         assert scheduling["coupled"] == to.coupled and scheduling["env_queue"]["name"] == to.env_queue
         assert "re-planned at" in caplog.text
+        done = scheduling["choice"]["replan"]
+        assert done["switches"] == len(switches) and done["checkpoints"] >= len(switches) and done["cpu_s"] > 0
+        assert f"re-planned: at {switches[0]['at_wall_s']:.1f} s {SLOW.name} ->" in summarize(store, row.id).to_text()
         samples = store.samples(row.id)
         assert len(samples) == 10 and all(s.status == "completed" for s in samples)
-        done = Counter((st.sample_id, st.index) for st in store.steps(row.id) if st.status == "completed")
-        assert set(done.values()) == {1}
+        once = Counter((st.sample_id, st.index) for st in store.steps(row.id) if st.status == "completed")
+        assert set(once.values()) == {1}
         # SLOW runs one sample at a time; after the switch several ran at once
         spans = [(s.admitted_at, s.finished_at) for s in samples]
         assert max(sum(a <= t < f for a, f in spans) for t, _ in spans) >= 2
