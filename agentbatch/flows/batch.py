@@ -15,7 +15,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -381,12 +381,10 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         batch.coordinator.engine_counters = lambda: counters_from_workers(scraper.latest.values())
     batch.on_sample_end = functools.partial(live.keeper.sample_ended, batch.coordinator)
     batch.writer.start()  # this flow owns the writer: started before the first step, closed after the last
-    replanner = _replanner(live) if live.replan is not None else None
-    replanning = asyncio.create_task(replanner.run()) if replanner is not None else None
     if live.events is not None:
         live.events.start()
     try:
-        async with scraper or contextlib.nullcontext(), live.keeper:
+        async with scraper or contextlib.nullcontext(), live.keeper, _replanning(live):
             if live.window is None:
                 await drive_all(live.keeper.run(s.id, drive(s)) for s in live.todo)
             else:
@@ -397,11 +395,6 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
         store.finish_batch(batch.batch_id, BatchStatus.FAILED, error=f"{exc.__class__.__name__}: {exc}")
         raise
     finally:
-        if replanner is not None and replanning is not None:
-            replanning.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await replanning
-            replanner.close()
         await bar.aclose()
         await batch.writer.aclose()  # after the samples: their last rows are committed
         if live.events is not None:
@@ -413,8 +406,13 @@ async def _drive(live: _LiveBatch, mode: str | None, bar: BatchWatch, artifact: 
     return None
 
 
-def _replanner(live: _LiveBatch) -> Any:
-    """The run's re-planner (flows/replan.py; imported here: the simulator is a slow import)."""
+@contextlib.asynccontextmanager
+async def _replanning(live: _LiveBatch) -> AsyncIterator[None]:
+    """Re-plan while the samples run, when policy auto chose (flows/replan.py; imported here: the
+    simulator is a slow import)."""
+    if live.replan is None:
+        yield
+        return
     from agentbatch.flows.replan import LiveReplanner, LiveTarget
 
     b = live.batch
@@ -423,7 +421,15 @@ def _replanner(live: _LiveBatch) -> Any:
     target = LiveTarget(b.store, b.batch_id, live.config, b.coordinator, live.keeper, live.window, live.priors,
                         live.progress, {s.id: (s.task_id, s.index) for s in b.store.samples(b.batch_id)},
                         [e.name for e in live.engines], live.policy)  # fmt: skip
-    return LiveReplanner(live.replan, model[1], target)
+    replanner = LiveReplanner(live.replan, model[1], target)
+    task = asyncio.create_task(replanner.run(), name="agentbatch-replan")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        replanner.close()
 
 
 async def _drive_window(live: _LiveBatch, drive: Callable[[Any], Any]) -> None:

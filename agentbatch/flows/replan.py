@@ -13,7 +13,8 @@ A switch changes, on the event loop between two driver calls: the coordinator's 
 runs as its decoupled equivalent), the chain-length priors of the samples running and to come, the
 order the claim window claims the rest in, and the batch's stored config (`scheduling.policy` and
 `scheduling.choice.switches`), so a resume or a `join` that starts later runs what was switched to.
-The simulations run in a thread, off the event loop. A checkpoint where another process drives
+The simulations run in a process of their own (spawned once per batch), off the event loop and
+its interpreter lock. A checkpoint where another process drives
 samples of the batch too (`join`) does not switch: the processes could not agree on one switch.
 """
 
@@ -36,7 +37,7 @@ from agentbatch.protocols.secrets import to_stored
 from agentbatch.scheduling.types import SampleProgress
 from agentbatch.sim.portfolio import candidate_config
 from agentbatch.sim.replan import Revealed, Switch, policy_swap
-from agentbatch.sim.replan_live import LivePlan, Look, look
+from agentbatch.sim.replan_live import LivePlan, Look, LookProcess
 from agentbatch.tasks.coordinator import Coordinator
 from agentbatch.traces.schema import Trace
 
@@ -73,9 +74,11 @@ class LiveReplanner:
     looks: int = 0
     simulations: int = 0
     cpu_s: float = 0.0
+    _process: LookProcess | None = None
 
     async def run(self) -> None:
         start = time.time()
+        self._process = LookProcess(self.plan)
         k = 0
         while True:
             k += 1
@@ -103,7 +106,8 @@ class LiveReplanner:
             log.info("batch %s: checkpoint %d: %d processes drive the batch; not re-planned", t.batch_id, k,
                      len(owners))
             return Look(None, 0, 0.0)
-        seen = look(self.plan, recorded, revealed, k, self.switches)
+        assert self._process is not None
+        seen = self._process.look(recorded, revealed, k, self.switches)
         self.looks += 1
         self.simulations += seen.simulations
         self.cpu_s += seen.cpu_s
@@ -113,7 +117,9 @@ class LiveReplanner:
         return seen
 
     def close(self) -> None:
-        """What re-planning did, in the run's summary and the stored choice (`replan`)."""
+        """Stop looking; what re-planning did, in the run's summary and the stored choice (`replan`)."""
+        if self._process is not None:
+            self._process.close()
         t = self.target
         t.summary["replan"] = {"every_s": round(self.plan.every_s, 3), "checkpoints": self.looks,
                                "switches": len(self.switches), "simulations": self.simulations,
@@ -153,7 +159,7 @@ class LiveReplanner:
         t.summary.setdefault("switches", []).append(record)
         log.info("batch %s: re-planned at %.1f s virtual: %r -> %r (remainder predicted x%.3f of staying)",
                  t.batch_id, sw.at_s, sw.old, sw.new, gain)
-        t.config = _switched_config(t.config, c, len(t.samples), t.summary)
+        t.config = _switched_config(t.config, c, len(t.samples), t.summary, t.priors)
         await asyncio.to_thread(t.store.set_batch_config, t.batch_id, to_stored(t.config.model_dump(mode="json")))
 
 
@@ -179,9 +185,13 @@ def _reordered(order: list[int], samples: dict[int, tuple[str, int]], priors: di
     return [p.sample_id for p in admission_order(progress)]
 
 
-def _switched_config(config: BatchConfig, c: Any, samples: int, summary: dict[str, Any]) -> BatchConfig:
-    """The stored config after a switch: the candidate's scheduling, the choice with its switches."""
+def _switched_config(config: BatchConfig, c: Any, samples: int, summary: dict[str, Any],
+                     priors: dict[str, float]) -> BatchConfig:
+    """The stored config after a switch: the candidate's scheduling with the priors it runs with (a
+    baseline none), the choice with its switches."""
     switched = apply_candidate(config, c, samples)
-    choice = dict(config.scheduling.choice or {})
-    choice["switches"] = list(summary.get("switches", []))
-    return switched.model_copy(update={"scheduling": switched.scheduling.model_copy(update={"choice": choice})})
+    choice = {**(config.scheduling.choice or {}), "switches": list(summary.get("switches", []))}
+    update: dict[str, Any] = {"choice": choice}
+    if c.uses_priors:
+        update["priors"] = dict(priors)
+    return switched.model_copy(update={"scheduling": switched.scheduling.model_copy(update=update)})

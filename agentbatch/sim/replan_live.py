@@ -14,7 +14,9 @@ as virtual time predicts it (docs/ablation.md, "policy auto, live").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from multiprocessing import get_context
 
 from agentbatch.scheduling.portfolio import Candidate
 from agentbatch.sim.portfolio import Member, candidate_config
@@ -103,3 +105,30 @@ def look(plan: LivePlan, recorded: Trace, revealed: Revealed, k: int, switches: 
     except _Reached:
         return Look(planner.switches[-1] if planner.switches else None, planner.simulations, planner.cpu_s)
     return Look(None, planner.simulations, planner.cpu_s, reached=False)
+
+
+class LookProcess:
+    """Looks in a process of its own, spawned once with the plan: a look's simulations then take
+    neither the live runner's interpreter lock nor its event loop's time."""
+
+    def __init__(self, plan: LivePlan) -> None:
+        self._pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=_hold, initargs=(plan,))
+        self._pool.submit(int)  # start it now: its imports take a second or two
+
+    def look(self, recorded: Trace, revealed: Revealed, k: int, switches: Sequence[Switch]) -> Look:
+        """`look` with the plan held there (blocking: call it from a thread)."""
+        return self._pool.submit(_look_held, recorded, revealed, k, list(switches)).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_HELD: list[LivePlan] = []  # in the look process: the plan it was spawned with
+
+
+def _hold(plan: LivePlan) -> None:
+    _HELD[:] = [plan]
+
+
+def _look_held(recorded: Trace, revealed: Revealed, k: int, switches: list[Switch]) -> Look:
+    return look(_HELD[0], recorded, revealed, k, switches)
