@@ -75,14 +75,18 @@ def _decide(config: BatchConfig, members: list[Any], workers: int, samples: int,
 
 
 def live_plan(config: BatchConfig, d: Any, members: list[Any], base: Any) -> Any:
-    """What the run re-plans with (flows/replan.py), None when `scheduling.replan.every` is 0 or the
-    chosen candidate has no finite prediction."""
-    from agentbatch.sim.replan import ReplanSettings
+    """What the run re-plans with (flows/replan.py), None when `scheduling.replan.every` is 0, the
+    chosen candidate has no finite prediction, or fewer than MIN_MEMBERS earlier runs are known."""
+    from agentbatch.sim.replan import MIN_MEMBERS, ReplanSettings
     from agentbatch.sim.replan_live import LivePlan
 
     r = config.scheduling.replan
     predicted = sorted(x for x in d.predictions[d.choice.name] if math.isfinite(x))
     if r.every <= 0 or not predicted:
+        return None
+    if len(members) < MIN_MEMBERS:
+        log.info("policy auto: no re-planning while the batch runs: %d earlier run(s) of these tasks, it needs %d "
+                 "(docs/method.md)", len(members), MIN_MEMBERS)
         return None
     every_s = r.every * statistics.median(predicted)
     return LivePlan(members, d.candidates, d.chosen, base, config.scheduling.max_active_samples, every_s,

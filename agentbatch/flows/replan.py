@@ -14,8 +14,10 @@ runs as its decoupled equivalent), the chain-length priors of the samples runnin
 order the claim window claims the rest in, and the batch's stored config (`scheduling.policy` and
 `scheduling.choice.switches`), so a resume or a `join` that starts later runs what was switched to.
 The simulations run in a process of their own (spawned once per batch), off the event loop and
-its interpreter lock. A checkpoint where another process drives
-samples of the batch too (`join`) does not switch: the processes could not agree on one switch.
+its interpreter lock; a switch is made when its look returns, and a checkpoint that passed while a
+look ran is skipped (its state is gone). A checkpoint where another process drives samples of the
+batch too (`join`) does not switch: the simulation knows this process's engines and slots only,
+and the processes would have to agree on one switch.
 """
 
 from __future__ import annotations
@@ -79,10 +81,11 @@ class LiveReplanner:
     async def run(self) -> None:
         start = time.time()
         self._process = LookProcess(self.plan)
+        interval = self.plan.every_s * self.time_scale  # wall seconds between checkpoints
         k = 0
         while True:
-            k += 1
-            await asyncio.sleep(max(0.0, start + k * self.plan.every_s * self.time_scale - time.time()))
+            k = max(k + 1, int((time.time() - start) / interval) + 1)  # the next checkpoint still ahead
+            await asyncio.sleep(max(0.0, start + k * interval - time.time()))
             try:
                 seen = await asyncio.to_thread(self._look, k)
             except Exception:  # noqa: BLE001 - a failed look leaves the batch on its policy

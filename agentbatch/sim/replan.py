@@ -61,6 +61,11 @@ from agentbatch.sim.portfolio import KnownRun, Member, candidate_config
 from agentbatch.sim.virtual_time.simulation import Checkpoints, SimulationCut, VirtualBatch, VirtualConfig
 from agentbatch.traces.schema import ENVIRONMENT, INFERENCE, TraceSample, TraceStep
 
+# Live runs re-plan only with at least this many ensemble members: with one, its futures are the
+# only realisation the rule sees, and on 16-sample batches it switched to lose about as often as to
+# gain (docs/ablation.md, "Re-planning while the batch runs").
+MIN_MEMBERS = 2
+
 
 @dataclass(frozen=True)
 class ReplanSettings:
@@ -371,7 +376,7 @@ def member_futures(batch: VirtualBatch, member: Member, revealed: Revealed | Non
     """Each unfinished sample's trace with what is not yet revealed taken from `member` (module
     docstring): sample index -> its new trace. `revealed`: what a live batch recorded beyond the
     replayed state (sim/replan_live.py) stays as recorded."""
-    own = _by_task(member.trace.samples)
+    own = by_task(member.trace.samples)
     out: dict[int, TraceSample] = {}
     for i, (trace, pos, asked) in batch.positions().items():
         if pos >= len(trace.steps) or (revealed is not None and i in revealed.ended):
@@ -404,7 +409,8 @@ def continued(real: TraceSample, known: int, mine: TraceSample, others: Sequence
     return replace(real, steps=[*real.steps[:known], *rest])
 
 
-def _by_task(samples: Sequence[TraceSample]) -> dict[str, TraceSample]:
+def by_task(samples: Sequence[TraceSample]) -> dict[str, TraceSample]:
+    """Each task's first sample."""
     out: dict[str, TraceSample] = {}
     for s in samples:
         out.setdefault(s.task_id, s)

@@ -20,7 +20,7 @@ from multiprocessing import get_context
 
 from agentbatch.scheduling.portfolio import Candidate
 from agentbatch.sim.portfolio import Member, candidate_config
-from agentbatch.sim.replan import Replanner, ReplanSettings, Revealed, Switch, apply, continued
+from agentbatch.sim.replan import Replanner, ReplanSettings, Revealed, Switch, apply, by_task, continued
 from agentbatch.sim.virtual_time.simulation import Checkpoints, VirtualBatch, VirtualConfig
 from agentbatch.traces.schema import Trace, TraceSample
 
@@ -59,7 +59,7 @@ def replay_trace(recorded: Trace, revealed: Revealed, member: Member) -> Trace:
     """The batch's samples (trace index = position) with their recorded steps, each unfinished one
     continued by the member's run of its task from where it stands (all of it when nothing is
     recorded)."""
-    own = {s.task_id: s for s in reversed(member.trace.samples)}
+    own = by_task(member.trace.samples)
     out: list[TraceSample] = []
     for i, s in enumerate(recorded.samples):
         mine = own.get(s.task_id) or member.trace.samples[i % len(member.trace.samples)]

@@ -16,9 +16,16 @@ import agentbatch.flows.batch as batch_module
 from agentbatch.dashboards.summary import summarize
 from agentbatch.db.store import Store
 from agentbatch.flows.cli import main as cli
-from agentbatch.flows.policy_choice import PolicyChoice, apply_candidate, choose_policy
+from agentbatch.flows.config import BatchConfig
+from agentbatch.flows.policy_choice import (
+    PolicyChoice,
+    apply_candidate,
+    choose_policy,
+    engine_base,
+    live_plan,
+)
 from agentbatch.scheduling.portfolio import BUILTIN_CANDIDATES
-from agentbatch.sim.portfolio import candidate_config
+from agentbatch.sim.portfolio import Member, candidate_config, decide
 from agentbatch.sim.virtual_time import VirtualBatch
 from agentbatch.traces import generate, write_trace
 
@@ -51,10 +58,12 @@ def _start_slow(config: Any, store: Any, batch_id: int, task_ids: list[str], wor
 
 def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
         tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    history, batch = tmp_path / "h.parquet", tmp_path / "b.parquet"
-    write_trace(generate("widesearch_like", 10, seed=2, epoch=0), history)
+    batch = tmp_path / "b.parquet"
     write_trace(generate("widesearch_like", 10, seed=2, epoch=1), batch)
-    _replay(history, sqlite_url, "configured")
+    for epoch in (0, 2):  # two earlier runs: re-planning needs two members (sim/replan.py MIN_MEMBERS)
+        history = tmp_path / f"h{epoch}.parquet"
+        write_trace(generate("widesearch_like", 10, seed=2, epoch=epoch), history)
+        _replay(history, sqlite_url, "configured")
     monkeypatch.setattr(batch_module, "choose_policy", _start_slow)
     with caplog.at_level(logging.INFO, logger="agentbatch.replan"):
         _replay(batch, sqlite_url, "auto")
@@ -66,6 +75,7 @@ def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
         assert switches and switches[0]["from"] == SLOW.name and switches[0]["predicted_ratio"] < 0.98
         assert scheduling["policy"] == switches[-1]["to"] != SLOW.name  # a resume runs what was switched to
         to = NAMES[switches[-1]["to"]]
+        to = to if scheduling["priors"] else to.without_priors()  # replay pins no priors: the pool's variant
         assert scheduling["coupled"] == to.coupled and scheduling["env_queue"]["name"] == to.env_queue
         assert "re-planned at" in caplog.text
         done = scheduling["choice"]["replan"]
@@ -80,3 +90,19 @@ def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
         assert max(sum(a <= t < f for a, f in spans) for t, _ in spans) >= 2
     finally:
         store.close()
+
+
+def test_one_earlier_run_does_not_re_plan() -> None:
+    # one member's futures are the only realisation the rule would see: no re-planning on it
+    config = BatchConfig.model_validate({"engine": {"kind": "openai", "params": {
+        "endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}],
+        "timing": {"kind": "simulated", "profile": "llama3-8b-h100", "time_scale": 1.0}}}})  # fmt: skip
+    runs = [generate("mcp_like", 4, seed=3, epoch=e) for e in (0, 1)]
+    members = [Member(t) for t in runs]
+    base = engine_base(config, 1, runs)
+    for n, planned in ((1, False), (2, True)):
+        d = decide(members[:n], base, n_ref=2)
+        assert (live_plan(config, d, members[:n], base) is not None) == planned
+    off = config.model_copy(update={"scheduling": config.scheduling.model_copy(update={
+        "replan": config.scheduling.replan.model_copy(update={"every": 0.0})})})  # fmt: skip
+    assert live_plan(off, decide(members, base, n_ref=2), members, base) is None
