@@ -73,9 +73,12 @@ class PolicySwap:
 
 def _moved(old: QueuePolicy, new: QueuePolicy) -> QueuePolicy:
     """`new` with `old`'s waiting tickets, pushed in the order `old` would have served them (popped
-    at -inf, so no aging guard fires)."""
-    for _ in range(len(old)):
-        new.push(old.pop(-math.inf))
+    at -inf, so no aging guard fires). All are popped before any is pushed: a push gives the ticket
+    a new `seq`, and a queue that skips served tickets lazily by their `seq` (CaasQueue) must not see
+    one change while it still holds it."""
+    waiting = [old.pop(-math.inf) for _ in range(len(old))]
+    for ticket in waiting:
+        new.push(ticket)
     return new
 
 

@@ -77,6 +77,25 @@ def test_waiting_tickets_move_to_the_new_queue_in_its_order_and_none_is_lost():
     assert order == [3, 1, 2]  # most progress first (CAAS), not arrival order
 
 
+def test_a_ticket_served_by_the_starvation_guard_does_not_come_back_in_the_new_queue():
+    # CaasQueue serves an aged ticket from its arrival list and skips its heap entry later by its
+    # seq; moving the rest must not renumber a ticket the old queue still holds under that seq
+    # (the served ticket would come back, and its step would run twice)
+    core = _core(coupled=False, active=5, slots=1)
+    core.swap(PolicySwap(env_queue=CaasQueue(max_wait_s=1.0)), 0.0)
+    samples = _admit(core, 5)
+    for s, done in zip(samples, (0, 3, 5, 9, 1), strict=True):
+        s.steps_done = done
+    first, aged, x, best, last = [_env(s, at) for s, at in zip(samples, (0.0, 0.0, 3.0, 3.0, 3.0), strict=True)]
+    for t in (first, aged, x, best, last):
+        core.submit(t, t.enqueued_at)  # the first runs, four wait
+    [g] = core.complete(first, "env-0", 10.0)  # `aged` has waited 10 s > 1 s: served before the others
+    assert g.ticket is aged
+    core.swap(PolicySwap(env_queue=FifoQueue()), 11.0)
+    moved = [core.environment.queue.pop(12.0) for _ in range(len(core.environment.queue))]
+    assert moved == [best, x, last]  # most progress first, the served ticket not among them
+
+
 def test_a_new_router_learns_where_each_prefix_lives():
     core = _core(coupled=False, active=2, slots=2, workers=("w0", "w1"))
     a, b = _admit(core, 2)
