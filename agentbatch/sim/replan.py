@@ -61,10 +61,11 @@ from agentbatch.sim.portfolio import KnownRun, Member, candidate_config
 from agentbatch.sim.virtual_time.simulation import Checkpoints, SimulationCut, VirtualBatch, VirtualConfig
 from agentbatch.traces.schema import ENVIRONMENT, INFERENCE, TraceSample, TraceStep
 
-# Live runs re-plan only with at least this many ensemble members: with one, its futures are the
-# only realisation the rule sees, and on 16-sample batches it switched to lose about as often as to
-# gain (docs/ablation.md, "Re-planning while the batch runs").
-MIN_MEMBERS = 2
+# Live runs re-plan only with at least this many ensemble members (earlier runs): with fewer, the
+# rule sees too few realisations, and its switches lost more cells to the best baseline than they
+# won back (bench/replan_members.py: one run 3 -> 4 cells lost, two 3 -> 4, three 3 -> 2;
+# docs/ablation.md, "Re-planning while the batch runs").
+MIN_MEMBERS = 3
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
         tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     batch = tmp_path / "b.parquet"
     write_trace(generate("widesearch_like", 10, seed=2, epoch=1), batch)
-    for epoch in (0, 2):  # two earlier runs: re-planning needs two members (sim/replan.py MIN_MEMBERS)
+    for epoch in (0, 2, 3):  # three earlier runs: re-planning needs three members (sim/replan.py MIN_MEMBERS)
         history = tmp_path / f"h{epoch}.parquet"
         write_trace(generate("widesearch_like", 10, seed=2, epoch=epoch), history)
         _replay(history, sqlite_url, "configured")
@@ -92,15 +92,15 @@ def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
         store.close()
 
 
-def test_one_earlier_run_does_not_re_plan() -> None:
-    # one member's futures are the only realisation the rule would see: no re-planning on it
+def test_fewer_than_three_earlier_runs_do_not_re_plan() -> None:
+    # with fewer members the rule sees too few realisations: no re-planning on them
     config = BatchConfig.model_validate({"engine": {"kind": "openai", "params": {
         "endpoints": [{"base_url": "http://127.0.0.1:9/v1", "model": "m"}],
         "timing": {"kind": "simulated", "profile": "llama3-8b-h100", "time_scale": 1.0}}}})  # fmt: skip
-    runs = [generate("mcp_like", 4, seed=3, epoch=e) for e in (0, 1)]
+    runs = [generate("mcp_like", 4, seed=3, epoch=e) for e in (0, 1, 2)]
     members = [Member(t) for t in runs]
     base = engine_base(config, 1, runs)
-    for n, planned in ((1, False), (2, True)):
+    for n, planned in ((1, False), (2, False), (3, True)):
         d = decide(members[:n], base, n_ref=2)
         assert (live_plan(config, d, members[:n], base) is not None) == planned
     off = config.model_copy(update={"scheduling": config.scheduling.model_copy(update={
