@@ -135,8 +135,9 @@ class SchedulingConfig(_Strict):
     )
     replan: ReplanConfig = Field(
         default_factory=ReplanConfig,
-        description="with policy auto: at checkpoints while the batch runs, simulate every candidate on the rest "
-        "from what the batch has recorded and switch when one is predicted faster (docs/method.md)",
+        description="with policy auto chosen from at least three earlier runs: at checkpoints while the batch runs, "
+        "simulate every candidate on the rest from what the batch has recorded and switch when one is predicted "
+        "faster (docs/method.md)",
     )
     choice: dict[str, Any] | None = Field(
         None, description="written by policy auto: the chosen candidate, every candidate's predicted makespan, "

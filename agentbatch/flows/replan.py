@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,9 @@ class LiveReplanner:
             await asyncio.sleep(max(0.0, start + k * interval - time.time()))
             try:
                 seen = await asyncio.to_thread(self._look, k)
+            except BrokenProcessPool:
+                log.warning("batch %s: the re-planning process ended; the batch keeps its policy", self.target.batch_id)
+                return
             except Exception:  # noqa: BLE001 - a failed look leaves the batch on its policy
                 log.exception("batch %s: re-planning at checkpoint %d failed; the batch keeps its policy",
                               self.target.batch_id, k)
