@@ -27,7 +27,7 @@ from testkit import CLI, answers, free_port, max_overlap, wait_until
 from agentbatch.db.models import Worker
 from agentbatch.db.store import Store
 
-SAMPLES, TURNS = 8, 3
+SAMPLES, TURNS = 12, 3  # 12: all on one process (its share of a limit never reached) 1 time in 2,048
 LIMITS = {"max_active_samples": 3, "per_worker_inflight": 2, "env_slots": 2}
 
 
