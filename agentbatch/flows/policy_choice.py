@@ -81,7 +81,7 @@ def live_plan(config: BatchConfig, d: Any, members: list[Any], base: Any) -> Any
     from agentbatch.sim.replan_live import LivePlan
 
     r = config.scheduling.replan
-    predicted = sorted(x for x in d.predictions[d.choice.name] if math.isfinite(x))
+    predicted = [x for x in d.predictions[d.choice.name] if math.isfinite(x)]
     if r.every <= 0 or not predicted:
         return None
     if len(members) < MIN_MEMBERS:

@@ -30,7 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentbatch.db.models import SampleStatus
+from agentbatch.db.models import DONE_SAMPLES
 from agentbatch.db.store import Store
 from agentbatch.db.trace_io import export_batch
 from agentbatch.flows.config import BatchConfig
@@ -45,7 +45,6 @@ from agentbatch.tasks.coordinator import Coordinator
 from agentbatch.traces.schema import Trace
 
 log = logging.getLogger("agentbatch.replan")
-ENDED = (SampleStatus.COMPLETED, SampleStatus.FAILED)
 
 
 @dataclass(eq=False)
@@ -179,7 +178,7 @@ def revealed_steps(recorded: Trace) -> Revealed:
         while n < len(s.steps) and s.steps[n].index == n:
             n += 1
         steps[i] = n
-        if s.status in ENDED:
+        if s.status in DONE_SAMPLES:
             ended.add(i)
     return Revealed(steps, frozenset(ended))
 

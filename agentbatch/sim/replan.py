@@ -382,7 +382,7 @@ def member_futures(batch: VirtualBatch, member: Member, revealed: Revealed | Non
     for i, (trace, pos, asked) in batch.positions().items():
         if pos >= len(trace.steps) or (revealed is not None and i in revealed.ended):
             continue  # its chain has ended (here or live): nothing is left to reveal
-        mine = own.get(trace.task_id) or member.trace.samples[i % len(member.trace.samples)]
+        mine = member_sample(member, own, trace.task_id, i)
         known = revealed.steps.get(i, 0) if revealed is not None else 0
         if known > pos:
             out[i] = continued(trace, known, mine, member.trace.samples)
@@ -408,6 +408,12 @@ def continued(real: TraceSample, known: int, mine: TraceSample, others: Sequence
     tail = _tail(mine, known, kind) or _median_tail(others, known, kind)
     rest = [replace(st, index=known + k) for k, st in enumerate(tail)]
     return replace(real, steps=[*real.steps[:known], *rest])
+
+
+def member_sample(member: Member, own: dict[str, TraceSample], task_id: str, i: int) -> TraceSample:
+    """The member's run of the same task (`own`: `by_task` of its samples), else its sample at the
+    same position (a member of other tasks)."""
+    return own.get(task_id) or member.trace.samples[i % len(member.trace.samples)]
 
 
 def by_task(samples: Sequence[TraceSample]) -> dict[str, TraceSample]:

@@ -20,7 +20,16 @@ from multiprocessing import get_context
 
 from agentbatch.scheduling.portfolio import Candidate
 from agentbatch.sim.portfolio import Member, candidate_config
-from agentbatch.sim.replan import Replanner, ReplanSettings, Revealed, Switch, apply, by_task, continued
+from agentbatch.sim.replan import (
+    Replanner,
+    ReplanSettings,
+    Revealed,
+    Switch,
+    apply,
+    by_task,
+    continued,
+    member_sample,
+)
 from agentbatch.sim.virtual_time.simulation import Checkpoints, VirtualBatch, VirtualConfig
 from agentbatch.traces.schema import Trace, TraceSample
 
@@ -62,7 +71,7 @@ def replay_trace(recorded: Trace, revealed: Revealed, member: Member) -> Trace:
     own = by_task(member.trace.samples)
     out: list[TraceSample] = []
     for i, s in enumerate(recorded.samples):
-        mine = own.get(s.task_id) or member.trace.samples[i % len(member.trace.samples)]
+        mine = member_sample(member, own, s.task_id, i)
         known = revealed.steps.get(i, 0)
         if i in revealed.ended:
             steps = s.steps[:known]
