@@ -9,7 +9,8 @@ longer win are cut as soon as their virtual clock passes the makespan they would
 not an estimate: a cut run's makespan is known to be larger), and a candidate that runs alike to one
 already simulated on a member takes that run's result, which keeps deciding cheap: alike where they
 differ only in what cannot decide anything there (with one worker the router; with every sample
-admitted at once the admission limit and control; orders that give the same order) or in a policy
+admitted at once the admission limit and control; orders that give the same order, as every order
+does for samples an external harness sends: VirtualConfig.harness) or in a policy
 that decided nothing in that run (a queue that never held two waiting steps, an adaptive admission
 limit that never moved: `VirtualBatch.decided`).
 
@@ -227,7 +228,8 @@ def run_parts(trace: Trace, cfg: VirtualConfig) -> dict[str, Any]:
     queues and the priority policy read the chain priors, so whether there are any is part of each."""
     limits = cfg.limits(cfg.engine_profile())
     active = limits.effective_active()
-    every = active >= len(trace.samples)
+    # nothing waits for admission when the limit holds every sample, or every one a harness keeps open
+    every = active >= min(len(trace.samples), cfg.harness or len(trace.samples))
     priors = cfg.priors is not None
     fcfs = isinstance(make_priority(cfg.priority.name, **cfg.priority.params), FcfsPriority)
     return {

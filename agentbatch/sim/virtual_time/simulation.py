@@ -99,6 +99,10 @@ class VirtualConfig:
     record_grants: bool = False  # keep the core's grant log in RawResult.grants
     # "adaptive" (admission limit follows the engines' pressure, from max_active) or "static"
     admission_control: str = DEFAULTS.admission_control
+    # an external harness sends the samples (the gateway): in trace order, at most this many open at
+    # once (the next when one ends); they ask for admission as they come, whatever the admission order.
+    # None: the runner asks for every sample's admission at the start, in the admission order
+    harness: int | None = None
 
     def engine_profile(self) -> EngineProfile:
         return get_profile(self.profile, **self.profile_overrides)
@@ -271,7 +275,9 @@ def _admission_sequence(progress: list[SampleProgress], config: VirtualConfig, p
                         limits: AdmissionLimits) -> list[SampleProgress]:
     """The samples in the order they ask for admission. The "kv_balanced" order also needs the
     context priors, the admission limit it starts at and the KV capacity of all workers (as the live
-    flow gets them from history and the plan)."""
+    flow gets them from history and the plan). Samples a harness sends come in trace order."""
+    if config.harness is not None:
+        return list(progress)
     hints = None
     if config.context_priors is not None:
         kv = profile.kv_capacity_tokens * config.workers
@@ -328,6 +334,7 @@ class VirtualBatch:
         self._wake: deque[Grant] = deque()  # grants to waiters, handled after the current event
         self._events = 0
         self._decided: set[str] = set()  # see decided()
+        self._unsent: deque[_Sample] = deque()  # samples the harness has yet to send (VirtualConfig.harness)
         progress = _progress(trace, config)
         by_id = {p.sample_id: _Sample(s, p) for s, p in zip(trace.samples, progress, strict=True)}
         self._all = list(by_id.values())
@@ -421,6 +428,8 @@ class VirtualBatch:
         for engine in self.engines:  # drop the engines' per-sample prompt memo
             engine.forget_sample(s.trace.index)
         self._wake.extend(self.core.finish(s.prog, now))
+        if self._unsent:  # the harness sends its next sample
+            self._ask_admission(self._unsent.popleft(), now)
 
     def _completed(self, run: _Running, now: float) -> _Sample:
         """The core learns that the step ended (progress, slot back); the sample moves past it."""
@@ -533,12 +542,17 @@ class VirtualBatch:
     # --- main loop -----------------------------------------------------------------------------
     def _admit_all(self) -> None:
         # Samples ask for admission in the admission order, each going on at once when admitted
-        # (as the live flow's sample coroutines start in that order).
-        for s in self._order:
-            ticket = self.core.admission_ticket(s.prog, 0.0)
-            ticket.payload = s
-            self._submit(s, ticket, 0.0)
+        # (as the live flow's sample coroutines start in that order); a harness sends its first ones.
+        first = len(self._order) if self.cfg.harness is None else max(1, self.cfg.harness)
+        self._unsent = deque(self._order[first:])
+        for s in self._order[:first]:
+            self._ask_admission(s, 0.0)
         self._drain(0.0)
+
+    def _ask_admission(self, s: _Sample, now: float) -> None:
+        ticket = self.core.admission_ticket(s.prog, now)
+        ticket.payload = s
+        self._submit(s, ticket, now)
 
     def run(self, stop_after_s: float | None = None) -> RawResult:
         """Simulate to the end; with `stop_after_s`, raise `SimulationCut` as soon as the virtual
