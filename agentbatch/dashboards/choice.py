@@ -41,7 +41,14 @@ def choice_line(choice: dict[str, Any]) -> str:
                else f"the best baseline, predicted {_s(worst_prediction(choice, chosen))}")
     return (f"  policy        auto chose {chosen} ({compare}, worst earlier run; score {choice['score']} vs "
             f"{choice['fallback_score']}); decided in {choice['decide_s']:.2f} s ({choice['simulations']} "
-            f"simulations on {choice['members']} earlier run(s)); rule: {choice['rule']}{replan_text(choice)}")
+            f"simulations on {choice['members']} earlier run(s){_harness(choice)}); rule: {choice['rule']}"
+            f"{replan_text(choice)}")
+
+
+def _harness(choice: dict[str, Any]) -> str:
+    """How a gateway batch's samples were simulated as arriving (flows/policy_choice.py)."""
+    n = choice.get("harness")
+    return f", the harness sending {n} samples at a time" if n else ""
 
 
 def replan_text(choice: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentbatch.flows.config import BatchConfig
@@ -29,6 +29,7 @@ from agentbatch.scheduling.portfolio import Candidate
 
 log = logging.getLogger("agentbatch.policy")
 HISTORY_BATCHES = 3  # earlier batches of the same tasks simulated at most (ensemble members)
+NO_ENGINE_MODEL = "the engine config names no simulated timing profile to predict with"
 
 
 @dataclass
@@ -44,34 +45,74 @@ def choose_policy(config: BatchConfig, store: Any, batch_id: int, task_ids: list
                   priors: dict[str, float]) -> PolicyChoice:
     """The config the batch runs with, after `scheduling.policy` (module docstring)."""
     policy = config.scheduling.policy
-    if policy == "configured":
-        return PolicyChoice(config, {"mode": "configured", "chosen": "configured"})
     if policy != "auto":
-        from agentbatch.sim.portfolio import portfolio  # here: the simulator is a slow import
-
-        cand = next(c for c in portfolio() if c.name == policy)
-        return PolicyChoice(apply_candidate(config, cand, len(task_ids)), {"mode": "named", "chosen": policy})
+        return _fixed(config, len(task_ids))
     why, members = _auto_inputs(config, store, batch_id, task_ids, priors)
     if why:
-        log.info("batch %s: policy auto: %s; running the configured policy", batch_id, why)
-        return PolicyChoice(config, {"mode": "auto", "chosen": "configured", "reason": why})
-    return _decide(config, members, workers, len(task_ids), priors, batch_id)
+        return _not_chosen(config, f"batch {batch_id}", why)
+    return _decide(config, members, workers, len(task_ids), f"batch {batch_id}")
 
 
-def _decide(config: BatchConfig, members: list[Any], workers: int, samples: int, priors: dict[str, float],
-            batch_id: int) -> PolicyChoice:
+def choose_gateway_policy(config: BatchConfig, store: Any, workers: int, *, harness: int | None = None,
+                          expect: int | None = None) -> PolicyChoice:
+    """A gateway batch's policy, as `choose_policy` with two differences. Its samples' task ids are
+    not known before they arrive, so the ensemble is the suite's history: the latest finished batches
+    of the same name (each one member, its completed samples). Its samples come as the harness sends
+    them, so each candidate is simulated with the samples sent in their recorded order, `harness` open
+    at once (`VirtualConfig.harness`; None: as many as those batches show, `harness_concurrency`).
+    `expect`: the samples expected (an all-admitted candidate's limit), else the largest member's.
+    No re-planning while it runs."""
+    if config.scheduling.policy != "auto":
+        return _fixed(config, expect or config.scheduling.max_active_samples)
+    label = f"gateway {config.name!r}"
+    if engine_model(config) is None:
+        return _not_chosen(config, label, NO_ENGINE_MODEL)
+    from agentbatch.sim.portfolio import Member  # here: the simulator is a slow import
+    from agentbatch.sim.virtual_time.simulation import context_priors
+    from agentbatch.traces import chain_priors
+
+    traces = named_history(store, config.name)
+    if not traces:
+        return _not_chosen(config, label, f"no earlier finished batch named {config.name!r} in the store")
+    priors, contexts = chain_priors(*traces), context_priors(*traces)
+    members = [Member(t, priors or None, contexts) for t in traces]
+    most = max(len(t.samples) for t in traces)
+    window = harness or harness_concurrency(traces) or max(most, expect or 0)
+    return _decide(config, members, workers, expect or most, label, harness=window)
+
+
+def _fixed(config: BatchConfig, samples: int) -> PolicyChoice:
+    """`scheduling.policy` "configured" or a candidate's name."""
+    policy = config.scheduling.policy
+    if policy == "configured":
+        return PolicyChoice(config, {"mode": "configured", "chosen": "configured"})
+    from agentbatch.sim.portfolio import portfolio  # here: the simulator is a slow import
+
+    cand = next(c for c in portfolio() if c.name == policy)
+    return PolicyChoice(apply_candidate(config, cand, samples), {"mode": "named", "chosen": policy})
+
+
+def _not_chosen(config: BatchConfig, label: str, why: str) -> PolicyChoice:
+    log.info("%s: policy auto: %s; running the configured policy", label, why)
+    return PolicyChoice(config, {"mode": "auto", "chosen": "configured", "reason": why})
+
+
+def _decide(config: BatchConfig, members: list[Any], workers: int, samples: int, label: str, *,
+            harness: int | None = None) -> PolicyChoice:
     from agentbatch.sim.portfolio import decide
 
-    base = engine_base(config, workers, [m.trace for m in members])
+    base = replace(engine_base(config, workers, [m.trace for m in members]), harness=harness)
     d = decide(members, base, n_ref=config.scheduling.max_active_samples)
     summary = d.to_dict()
-    log.info("batch %s: policy auto chose %r (score %.3f vs best baseline %r %.3f; %d simulation(s) on %d earlier "
-             "run(s) in %.2fs)", batch_id, d.choice.name, d.choice.score, d.choice.fallback, d.choice.fallback_score,
+    if harness is not None:
+        summary["harness"] = harness
+    log.info("%s: policy auto chose %r (score %.3f vs best baseline %r %.3f; %d simulation(s) on %d earlier "
+             "run(s) in %.2fs)", label, d.choice.name, d.choice.score, d.choice.fallback, d.choice.fallback_score,
              d.simulations, d.members, d.decide_s)  # fmt: skip
     chosen = apply_candidate(config, d.chosen, samples)
     scheduling = chosen.scheduling.model_copy(update={"choice": summary})
-    return PolicyChoice(chosen.model_copy(update={"scheduling": scheduling}), summary,
-                        live_plan(config, d, members, base))
+    plan = live_plan(config, d, members, base) if harness is None else None
+    return PolicyChoice(chosen.model_copy(update={"scheduling": scheduling}), summary, plan)
 
 
 def live_plan(config: BatchConfig, d: Any, members: list[Any], base: Any) -> Any:
@@ -122,7 +163,7 @@ def _auto_inputs(config: BatchConfig, store: Any, batch_id: int, task_ids: list[
                  priors: dict[str, float]) -> tuple[str | None, list[Any]]:
     """Why auto cannot choose (or None) and the ensemble it simulates."""
     if engine_model(config) is None:
-        return "the engine config names no simulated timing profile to predict with", []
+        return NO_ENGINE_MODEL, []
     from agentbatch.sim.portfolio import Member  # here: the simulator is a slow import
     from agentbatch.sim.virtual_time.simulation import context_priors
 
@@ -135,6 +176,18 @@ def _auto_inputs(config: BatchConfig, store: Any, batch_id: int, task_ids: list[
 
 def history_traces(store: Any, batch_id: int, task_ids: set[str]) -> list[Any]:
     """The latest earlier finished batches that ran these tasks, as traces of those samples."""
+    return _recent_traces(store, lambda row: row.id != batch_id, lambda s: s.task_id in task_ids)
+
+
+def named_history(store: Any, name: str) -> list[Any]:
+    """The latest earlier finished batches named `name` (a gateway's suite), as traces of their
+    completed samples, oldest sample first (the order they arrived in)."""
+    return _recent_traces(store, lambda row: row.name == name, lambda s: True)
+
+
+def _recent_traces(store: Any, batch_ok: Any, sample_ok: Any) -> list[Any]:
+    """Up to HISTORY_BATCHES of the latest finished batches `batch_ok` accepts, newest first, as traces
+    of their completed samples that `sample_ok` accepts (batches left with none are skipped)."""
     from agentbatch.db.models import BatchStatus
     from agentbatch.db.trace_io import export_batch
 
@@ -143,13 +196,35 @@ def history_traces(store: Any, batch_id: int, task_ids: set[str]) -> list[Any]:
     for row in reversed(store.list_batches()):
         if len(out) >= HISTORY_BATCHES:
             break
-        if row.id == batch_id or row.status not in finished:
+        if row.status not in finished or not batch_ok(row):
             continue
         trace = export_batch(store, row.id)
-        trace.samples = [s for s in trace.samples if s.task_id in task_ids and s.status == "completed"]
+        trace.samples = [s for s in trace.samples if s.status == "completed" and sample_ok(s)]
         if trace.samples:
             out.append(trace)
     return out
+
+
+def harness_concurrency(traces: list[Any]) -> int | None:
+    """How many samples the harness kept open at once, as earlier batches show it: the most samples
+    admitted and not yet finished at one time, over the batches; None where that reached the
+    admission limit a batch ran with (the harness may have sent more than were admitted: all of them,
+    for all this can tell) or a batch has no admission times."""
+    most = 0
+    for trace in traces:
+        spans = [(s.admitted_at, s.finished_at) for s in trace.samples]
+        if not spans or any(a is None or f is None for a, f in spans):
+            return None
+        edges = sorted([(a, 1) for a, _ in spans] + [(f, -1) for _, f in spans])  # an end before a start at one time
+        now = peak = 0
+        for _, d in edges:
+            now += d
+            peak = max(peak, now)
+        limit = ((trace.meta.get("config") or {}).get("scheduling") or {}).get("max_active_samples")
+        if isinstance(limit, int) and peak >= limit:
+            return None
+        most = max(most, peak)
+    return most or None
 
 
 def apply_candidate(config: BatchConfig, c: Candidate, samples: int) -> BatchConfig:

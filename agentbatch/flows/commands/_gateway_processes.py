@@ -50,6 +50,25 @@ def member_settings(host: str, internal: Any, hosts: tuple[str, ...]) -> tuple[A
     return ClusterSettings(url=f"http://{shown}:{internal_port}"), (*hosts, name)
 
 
+def served_config(config: Any, store: Any, workers: int, options: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+    """The config a gateway process serves with, and what `scheduling.policy: auto` chose (None when
+    it did not run): a process joining a batch runs the batch's stored scheduling (what the process
+    that opened it chose); the one that opens a batch applies `scheduling.policy`
+    (flows/policy_choice.py `choose_gateway_policy`)."""
+    joined = options.get("batch")
+    if joined is not None:
+        batch = store.get_batch(joined)
+        stored = (batch.config or {}).get("scheduling") if batch is not None else None
+        if not isinstance(stored, dict):
+            return config, None
+        scheduling = type(config.scheduling).model_validate(stored)
+        return config.model_copy(update={"scheduling": scheduling}), None
+    from agentbatch.flows.policy_choice import choose_gateway_policy
+
+    choice = choose_gateway_policy(config, store, workers, harness=options.get("harness"), expect=options.get("expect"))
+    return choice.config, choice.summary
+
+
 MEMBERS_LOST = "every gateway process exited without finishing the batch"
 
 
@@ -73,6 +92,7 @@ async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], lis
     from agentbatch.dashboards.report import write_report
     from agentbatch.dashboards.summary import summarize
     from agentbatch.db.store import Store
+    from agentbatch.flows.policy_choice import publish_choice
     from agentbatch.gateway.server import listen_socket, open_gateway_batch
 
     config, endpoints, _ = checked
@@ -82,8 +102,11 @@ async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], lis
         raise GatewayStartError(f"--host/--port: cannot listen on {options['host']}:{options['port']}: {exc}") from exc
     run = FlowRunContext.get()
     store = Store(db)
+    config, choice = served_config(config, store, len(endpoints), options)
     batch_id = open_gateway_batch(store, config.name, stored_config(config), endpoints,
                                   str(run.flow_run.id) if run and run.flow_run else None)
+    if choice is not None:
+        await publish_choice(choice)
     env = {**os.environ, "AGENTBATCH_DB_URL": db}
     procs = [subprocess.Popen(member_argv(args, batch_id), env=env) for _ in range(args.processes)]
     base = f"http://{options['host']}:{options['port']}"

@@ -16,6 +16,7 @@ from agentbatch.flows.commands._common import add_db_option, fail
 from agentbatch.flows.commands._gateway_processes import (
     GatewayStartError,
     member_settings,
+    served_config,
     stored_config,
     supervise,
 )
@@ -57,6 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="an answer without tool calls does not end the sample (multi-turn harnesses that call "
                    "POST /v1/samples/ID/finish)")
     p.add_argument("--expect", type=int, default=None, metavar="N", help="samples expected (progress bar total)")
+    p.add_argument("--harness-concurrency", type=int, default=None, metavar="N",
+                   help="samples the harness runs at once (e.g. inspect_ai --max-samples), for scheduling.policy "
+                   "auto, which simulates the policies on the earlier finished batches of the same name with the "
+                   "samples sent N at a time; default: as many as those batches show (docs/gateway.md)")
     p.add_argument("--report", type=Path, metavar="DIR", help="write the HTML/PNG report to DIR at the end")
     p.add_argument("--no-prefect", action="store_true", help="no Prefect flow run (and no artifacts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -104,6 +109,8 @@ def _number_problem(args: argparse.Namespace) -> str | None:
         return f"--idle-timeout: expected seconds > 0, got {args.idle_timeout}"
     if args.processes < 1 or (args.processes > 1 and args.batch is not None):
         return f"--processes: expected 1..N processes (not with --batch), got {args.processes}"
+    if args.harness_concurrency is not None and args.harness_concurrency < 1:
+        return f"--harness-concurrency: expected a positive number of samples, got {args.harness_concurrency}"
     if args.expect is not None and args.expect < 1:
         return f"--expect: expected a positive number of samples, got {args.expect}"
     return None
@@ -117,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
                "report": str(args.report) if args.report else None, "progress": not args.no_progress,
                "idle_timeout": args.idle_timeout, "end_on_answer": not args.no_end_on_answer,
                "allow_host": list(args.allow_host), "mcp_per_sample": list(args.mcp_per_sample),
-               "batch": args.batch, "member": args.member}
+               "batch": args.batch, "member": args.member, "harness": args.harness_concurrency}
     # The same Prefect server and secret handling as `run` (flows/launch.py); no server without Prefect.
     api = start_prefect(start_server=not args.no_prefect)
     if not args.no_prefect and (problem := ready_prefect(api, quiet=True)):
@@ -160,6 +167,7 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
     from agentbatch.dashboards.summary import summarize
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import build_coordinator
+    from agentbatch.flows.policy_choice import publish_choice
     from agentbatch.gateway.server import Gateway, GatewayBatch, listen_socket, uvicorn_server
     from agentbatch.gateway.state import GatewaySettings
 
@@ -174,6 +182,9 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
 
     run = FlowRunContext.get()
     store = Store(db)
+    config, choice = served_config(config, store, len(endpoints), options)
+    if choice is not None:
+        await publish_choice(choice)
     batch = GatewayBatch(config.name, stored_config(config), batch_id=joined,
                          flow_run_id=str(run.flow_run.id) if run and run.flow_run else None)
     cluster, hosts = member_settings(options["host"], internal, tuple(options.get("allow_host") or ()))
