@@ -69,6 +69,16 @@ def served_config(config: Any, store: Any, workers: int, options: dict[str, Any]
     return choice.config, choice.summary
 
 
+async def chosen_config(config: Any, store: Any, workers: int, options: dict[str, Any]) -> Any:
+    """`served_config`'s config, its choice published as the flow run's artifact (`policy-choice`)."""
+    from agentbatch.flows.policy_choice import publish_choice
+
+    config, choice = served_config(config, store, workers, options)
+    if choice is not None:
+        await publish_choice(choice)
+    return config
+
+
 MEMBERS_LOST = "every gateway process exited without finishing the batch"
 
 
@@ -92,7 +102,6 @@ async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], lis
     from agentbatch.dashboards.report import write_report
     from agentbatch.dashboards.summary import summarize
     from agentbatch.db.store import Store
-    from agentbatch.flows.policy_choice import publish_choice
     from agentbatch.gateway.server import listen_socket, open_gateway_batch
 
     config, endpoints, _ = checked
@@ -102,11 +111,9 @@ async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], lis
         raise GatewayStartError(f"--host/--port: cannot listen on {options['host']}:{options['port']}: {exc}") from exc
     run = FlowRunContext.get()
     store = Store(db)
-    config, choice = served_config(config, store, len(endpoints), options)
+    config = await chosen_config(config, store, len(endpoints), options)
     batch_id = open_gateway_batch(store, config.name, stored_config(config), endpoints,
                                   str(run.flow_run.id) if run and run.flow_run else None)
-    if choice is not None:
-        await publish_choice(choice)
     env = {**os.environ, "AGENTBATCH_DB_URL": db}
     procs = [subprocess.Popen(member_argv(args, batch_id), env=env) for _ in range(args.processes)]
     base = f"http://{options['host']}:{options['port']}"

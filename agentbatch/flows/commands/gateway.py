@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from agentbatch.flows.commands._common import add_db_option, fail
 from agentbatch.flows.commands._gateway_processes import (
     GatewayStartError,
+    chosen_config,
     member_settings,
-    served_config,
     stored_config,
     supervise,
 )
@@ -167,7 +167,6 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
     from agentbatch.dashboards.summary import summarize
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import build_coordinator
-    from agentbatch.flows.policy_choice import publish_choice
     from agentbatch.gateway.server import Gateway, GatewayBatch, listen_socket, uvicorn_server
     from agentbatch.gateway.state import GatewaySettings
 
@@ -182,9 +181,7 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
 
     run = FlowRunContext.get()
     store = Store(db)
-    config, choice = served_config(config, store, len(endpoints), options)
-    if choice is not None:
-        await publish_choice(choice)
+    config = await chosen_config(config, store, len(endpoints), options)
     batch = GatewayBatch(config.name, stored_config(config), batch_id=joined,
                          flow_run_id=str(run.flow_run.id) if run and run.flow_run else None)
     cluster, hosts = member_settings(options["host"], internal, tuple(options.get("allow_host") or ()))
