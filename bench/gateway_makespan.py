@@ -99,8 +99,9 @@ async def run_sample(sample: TraceSample, openai: AsyncOpenAI, tools: Tools, env
 
 
 async def drive(samples: list[TraceSample], workers: list[str], mcp_url: str, env_scale: float, *,
-                gateway_url: str | None, env_slots: int) -> float:
-    """Run every sample; returns the makespan (s)."""
+                gateway_url: str | None, env_slots: int, window: int | None = None) -> float:
+    """Run every sample, at most `window` at once in their order (None: all at once); returns the
+    makespan (s)."""
     # The SDK's default retries stay on: a worker closes idle keep-alive connections, and a request
     # may meet one being closed.
     clients = [AsyncOpenAI(base_url=(gateway_url + "/v1") if gateway_url else w, api_key="unused", timeout=1800)
@@ -108,8 +109,13 @@ async def drive(samples: list[TraceSample], workers: list[str], mcp_url: str, en
     async with Client(mcp_url) as mcp:
         tools = Tools(mcp, None if gateway_url else env_slots, via_gateway=gateway_url is not None)
         start = time.perf_counter()
+        harness = asyncio.Semaphore(window or len(samples))  # FIFO: samples start in their order
 
         async def one(sample: TraceSample) -> None:
+            async with harness:
+                await run_one(sample)
+
+        async def run_one(sample: TraceSample) -> None:
             # Direct: session affinity, a sample always on the same worker.
             client = clients[0] if gateway_url else clients[zlib.crc32(sample.task_id.encode()) % len(clients)]
             await run_sample(sample, client, tools, env_scale, None)

@@ -206,11 +206,13 @@ def _recent_traces(store: Any, batch_ok: Any, sample_ok: Any) -> list[Any]:
 
 
 def harness_concurrency(traces: list[Any]) -> int | None:
-    """How many samples the harness kept open at once, as earlier batches show it: the most samples
-    admitted and not yet finished at one time, over the batches; None where that reached the
-    admission limit a batch ran with (the harness may have sent more than were admitted: all of them,
-    for all this can tell) or a batch has no admission times."""
-    most = 0
+    """How many samples the harness kept open at once, as earlier batches show it: a batch whose most
+    samples admitted and not yet finished at one time stayed below the admission limit it ran with
+    shows the harness's number; one that reached its limit shows only that the harness sent at least
+    that many. The largest of these where some batch shows the number; None (unknown) where none
+    does, or a batch has no admission times."""
+    shown: list[int] = []
+    at_least: list[int] = []
     for trace in traces:
         spans = [(s.admitted_at, s.finished_at) for s in trace.samples]
         if not spans or any(a is None or f is None for a, f in spans):
@@ -221,10 +223,8 @@ def harness_concurrency(traces: list[Any]) -> int | None:
             now += d
             peak = max(peak, now)
         limit = ((trace.meta.get("config") or {}).get("scheduling") or {}).get("max_active_samples")
-        if isinstance(limit, int) and peak >= limit:
-            return None
-        most = max(most, peak)
-    return most or None
+        (at_least if isinstance(limit, int) and peak >= limit else shown).append(peak)
+    return max(shown + at_least) if shown else None
 
 
 def apply_candidate(config: BatchConfig, c: Candidate, samples: int) -> BatchConfig:

@@ -43,7 +43,10 @@ def test_the_harness_concurrency_is_the_peak_of_open_samples_below_the_admission
     three = _opened(generate("mcp_like", 4, seed=2), [(0, 5), (1, 6), (2, 7), (8, 9)])
     assert harness_concurrency([two, three]) == 3
     three.meta["config"] = {"scheduling": {"max_active_samples": 3}}
-    assert harness_concurrency([two, three]) is None  # it reached the limit: the harness may have sent more
+    assert harness_concurrency([three]) is None  # it reached the limit: the harness may have sent more
+    assert harness_concurrency([two, three]) == 3  # at least 3 (the limit), and 2 shown below a limit
+    two.meta["config"] = {"scheduling": {"max_active_samples": 2}}
+    assert harness_concurrency([two, three]) is None  # both reached their limits
     assert harness_concurrency([generate("mcp_like", 4, seed=1)]) is None  # no admission times
 
 
