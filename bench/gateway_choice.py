@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=24)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--harness", type=int, default=8, help="samples the harness keeps open at once")
-    parser.add_argument("--profile", default="llama3-8b-h100", help="simulated worker profile")
+    parser.add_argument("--profile", default=None, help="simulated worker profile (default: the family's)")
     parser.add_argument("--time-scale", type=float, default=0.25, help="wall seconds per engine second")
     parser.add_argument("--env-scale", type=float, default=0.25, help="factor on recorded tool times")
     parser.add_argument("--env-slots", type=int, default=None, help="environment slots (default: the family's)")
@@ -117,6 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     caps = dict(get_family(args.family).capacities)
     caps.update({k: v for k, v in (("env_slots", args.env_slots), ("max_active", args.max_active)) if v})
+    args.profile = args.profile or caps["profile"]
     samples = generate(args.family, args.samples, seed=args.seed).samples
     by_name = {c.name: c for c in portfolio()}
     print(f"# {args.samples} samples of {args.family} (seed {args.seed}), harness {args.harness} at once; "

@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-end-on-answer", action="store_true",
                    help="an answer without tool calls does not end the sample (multi-turn harnesses that call "
                    "POST /v1/samples/ID/finish)")
-    p.add_argument("--expect", type=int, default=None, metavar="N", help="samples expected (progress bar total)")
+    p.add_argument("--expect", type=int, default=None, metavar="N", help="samples expected (progress bar total; with scheduling.policy auto, the admission "
+                   "limit of a chosen policy that admits every sample, else the largest earlier batch's samples)")
     p.add_argument("--harness-concurrency", type=int, default=None, metavar="N",
                    help="samples the harness runs at once (e.g. inspect_ai --max-samples), for scheduling.policy "
                    "auto, which simulates the policies on the earlier finished batches of the same name with the "
