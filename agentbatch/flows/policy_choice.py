@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -185,7 +186,7 @@ def named_history(store: Any, name: str) -> list[Any]:
     return _recent_traces(store, lambda row: row.name == name, lambda s: True)
 
 
-def _recent_traces(store: Any, batch_ok: Any, sample_ok: Any) -> list[Any]:
+def _recent_traces(store: Any, batch_ok: Callable[[Any], bool], sample_ok: Callable[[Any], bool]) -> list[Any]:
     """Up to HISTORY_BATCHES of the latest finished batches `batch_ok` accepts, newest first, as traces
     of their completed samples that `sample_ok` accepts (batches left with none are skipped)."""
     from agentbatch.db.models import BatchStatus
