@@ -103,25 +103,30 @@ def test_the_gateway_command_records_and_reports_the_choice(tmp_path: Path) -> N
         path = tmp_path / "gw.yaml"
         path.write_text(yaml.safe_dump({"name": NAME, "engine": {"kind": "openai", "params": {
             "endpoints": [{"name": "w0", "base_url": workers[0].base_url, "model": MODEL}], "timing": TIMING}}}))
-        proc = subprocess.Popen([*CLI, "gateway", "--config", str(path), "--db", db, "--port", str(port),
-                                 "--no-prefect", "--no-progress", "--harness-concurrency", "3"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_until(lambda: answers(base + "/health"), 120, "the gateway", alive=lambda: proc.poll() is None)
-            r = httpx.post(base + "/v1/chat/completions", headers={"X-Agentbatch-Sample": "t1"}, timeout=60,
-                           json={"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
-            assert r.status_code == 200
-            assert httpx.post(base + "/v1/batch/finish", timeout=60).status_code == 200
-            out, _ = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    assert proc.returncode == 0, out
+        argv = ["--config", str(path), "--db", db, "--port", str(port), "--harness-concurrency", "3"]
+        out = _serve_one_request(argv, port)
     batch = Store(db).list_batches()[-1]
     choice = batch.config["scheduling"]["choice"]
     assert batch.name == NAME and choice["mode"] == "auto" and choice["harness"] == 3 and choice["members"] == 3
     assert batch.config["scheduling"]["policy"] == choice["chosen"]
     assert f"auto chose {choice['chosen']}" in out and "3 samples at a time" in out
 
+
+
+def _serve_one_request(argv: list[str], port: int) -> str:
+    """`agentbatch gateway ARGV` until one request has been answered and the batch finished; its output."""
+    proc = subprocess.Popen([*CLI, "gateway", *argv, "--no-prefect", "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: answers(base + "/health"), 120, "the gateway", alive=lambda: proc.poll() is None)
+        body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(base + "/v1/chat/completions", headers={"X-Agentbatch-Sample": "t1"}, json=body,
+                          timeout=60).status_code == 200
+        assert httpx.post(base + "/v1/batch/finish", timeout=60).status_code == 200
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    return out

@@ -5,6 +5,7 @@ that keeps every sample open runs as the runner admitting them all in arrival or
 from __future__ import annotations
 
 import pytest
+from testkit import max_overlap
 
 from agentbatch.sim.virtual_time import VirtualBatch, VirtualConfig
 from agentbatch.traces import chain_priors, generate
@@ -14,12 +15,7 @@ CFG = dict(workers=1, profile="llama3-8b-h100", max_active=8, env_slots=8, admis
 
 def _open_at_once(samples: list[tuple]) -> int:
     """The most samples admitted and not yet finished at one time (admitted_at, finished_at: fields 4, 5)."""
-    events = sorted([(s[4], 1) for s in samples] + [(s[5], -1) for s in samples])
-    most = now = 0
-    for _, d in events:
-        now += d
-        most = max(most, now)
-    return most
+    return max_overlap((s[4], s[5]) for s in samples)
 
 
 def test_a_harness_of_two_keeps_two_samples_open_and_sends_the_next_when_one_ends() -> None:
