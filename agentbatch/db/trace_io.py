@@ -16,6 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
+
 from agentbatch.db.models import Batch, BatchStatus, Sample, Step, StepStatus
 from agentbatch.db.step_records import (
     environment_request,
@@ -55,8 +57,8 @@ def _completed_steps(steps: list[Step]) -> dict[int, dict[int, Step]]:
     return by_sample
 
 
-def _trace_step(st: Step, t0: float) -> TraceStep:
-    resp = st.response or {}
+def _trace_step(st: Step, t0: float, response: dict[str, Any] | None) -> TraceStep:
+    resp = response or {}
     duration = (st.finished_at - st.started_at) if st.finished_at is not None else 0.0
     step = TraceStep(
         index=st.index, kind=st.kind, duration_s=duration, enqueued_at=_rel(st.enqueued_at, t0),
@@ -84,7 +86,7 @@ def _trace_sample(sm: Sample, recorded: list[Step], t0: float) -> TraceSample:
         status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
         tools=tools, messages=messages, prefix_group=group, shared_prefix_tokens=shared,
     )  # fmt: skip
-    ts.steps.extend(_trace_step(st, t0) for st in recorded)
+    ts.steps.extend(_trace_step(st, t0, st.response) for st in recorded)
     return ts
 
 
@@ -99,6 +101,63 @@ def export_batch(store: Store, batch_id: int) -> Trace:
     out = [_trace_sample(sm, [by_sample[sm.id][i] for i in sorted(by_sample[sm.id])], t0) for sm in samples]
     meta = {"source": "store", "batch_id": batch_id, "batch_name": batch.name, "config": batch.config}
     return Trace(samples=out, meta=meta)
+
+
+# a step's columns but its payloads (request, response, error)
+_LIGHT = tuple(c for c in Step.__table__.columns if c.name not in ("request", "response", "error"))
+
+
+class RecordReader:
+    """A running batch read again and again as a trace without its payloads: what a simulation of it
+    needs (each step's timing and token counts, an environment step's observation tokens and whether
+    it ended the sample, each sample's shared prefix), as `export_batch` gives it, without the
+    messages, observations and tool schemas. A completed step is converted once and kept (its row
+    does not change again); a read fetches the payloads of the steps completed since the last read
+    only, so a read costs the batch's step rows without their payloads, plus what is new."""
+
+    def __init__(self, store: Store, batch_id: int) -> None:
+        self.store, self.batch_id = store, batch_id
+        self._t0: float | None = None
+        self._steps: dict[int, TraceStep] = {}  # completed step id -> its trace step, payloads dropped
+        self._prefix: dict[int, tuple[str, int]] = {}  # sample id -> (prefix group, shared tokens)
+
+    def read(self) -> Trace:
+        batch = self.store.get_batch(self.batch_id)
+        if batch is None:
+            raise ValueError(f"no batch {self.batch_id} in the store")
+        with self.store.session() as s:  # rows, not ORM objects: a third of the time for this many
+            rows: list[Any] = list(s.execute(select(*_LIGHT).where(Step.batch_id == self.batch_id).order_by(Step.id)))
+        t0 = batch.started_at or min((st.started_at for st in rows), default=batch.created_at)
+        if t0 != self._t0:
+            self._t0, self._steps, self._prefix = t0, {}, {}
+        by_sample = _completed_steps(rows)
+        self._convert([st for steps in by_sample.values() for st in steps.values() if st.id not in self._steps], t0)
+        out = []
+        for sm in self.store.samples(self.batch_id):
+            recorded = [by_sample[sm.id][i] for i in sorted(by_sample[sm.id])]
+            group, shared = self._prefix.get(sm.id, ("", 0)) if recorded and recorded[0].index == 0 else ("", 0)
+            ts = TraceSample(index=sm.index, task_id=sm.task_id, task=sm.task or {}, score=sm.score, result=sm.result,
+                             status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
+                             prefix_group=group, shared_prefix_tokens=shared)  # fmt: skip
+            ts.steps.extend(self._steps[st.id] for st in recorded)
+            out.append(ts)
+        return Trace(samples=out, meta={"source": "store", "batch_id": self.batch_id, "batch_name": batch.name,
+                                        "config": batch.config})  # fmt: skip
+
+    def _convert(self, new: list[Any], t0: float) -> None:
+        """Convert the newly completed steps (their payloads fetched in chunks), then drop the payloads."""
+        for k in range(0, len(new), 500):
+            chunk = {st.id: st for st in new[k:k + 500]}
+            with self.store.session() as s:
+                payloads = s.execute(select(Step.id, Step.request, Step.response).where(Step.id.in_(list(chunk))))
+                for step_id, request, response in payloads:
+                    st = chunk[step_id]
+                    trace_step = _trace_step(st, t0, response)
+                    trace_step.message = trace_step.observation = trace_step.tools = None
+                    self._steps[step_id] = trace_step
+                    if st.index == 0:
+                        first = request or {}
+                        self._prefix[st.sample_id] = _prefix(first.get("messages"), first.get("tools"))
 
 
 @dataclass

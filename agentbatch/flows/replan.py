@@ -32,7 +32,7 @@ from typing import Any
 
 from agentbatch.db.models import DONE_SAMPLES
 from agentbatch.db.store import Store
-from agentbatch.db.trace_io import export_batch
+from agentbatch.db.trace_io import RecordReader
 from agentbatch.flows.config import BatchConfig
 from agentbatch.flows.leased import ClaimWindow, LeaseKeeper
 from agentbatch.flows.policy_choice import apply_candidate
@@ -77,6 +77,7 @@ class LiveReplanner:
     simulations: int = 0
     cpu_s: float = 0.0
     _process: LookProcess | None = None
+    _reader: RecordReader | None = None  # the batch's record, read anew at each checkpoint
 
     async def run(self) -> None:
         start = time.time()
@@ -103,7 +104,8 @@ class LiveReplanner:
     def _look(self, k: int) -> Look | None:
         """The k-th checkpoint (in a thread); None once every sample has ended."""
         t = self.target
-        recorded = export_batch(t.store, t.batch_id)
+        self._reader = self._reader or RecordReader(t.store, t.batch_id)
+        recorded = self._reader.read()
         revealed = revealed_steps(recorded)
         if len(revealed.ended) == len(recorded.samples):
             return None
