@@ -188,9 +188,10 @@ def named_history(store: Any, name: str) -> list[Any]:
 
 def _recent_traces(store: Any, batch_ok: Callable[[Any], bool], sample_ok: Callable[[Any], bool]) -> list[Any]:
     """Up to HISTORY_BATCHES of the latest finished batches `batch_ok` accepts, newest first, as traces
-    of their completed samples that `sample_ok` accepts (batches left with none are skipped)."""
+    (without payloads) of their completed samples that `sample_ok` accepts (batches left with none
+    are skipped)."""
     from agentbatch.db.models import BatchStatus
-    from agentbatch.db.trace_io import export_batch
+    from agentbatch.db.trace_io import RecordReader
 
     out: list[Any] = []
     finished = (BatchStatus.COMPLETED, BatchStatus.COMPLETED_WITH_FAILURES)
@@ -199,7 +200,7 @@ def _recent_traces(store: Any, batch_ok: Callable[[Any], bool], sample_ok: Calla
             break
         if row.status not in finished or not batch_ok(row):
             continue
-        trace = export_batch(store, row.id)
+        trace = RecordReader(store, row.id).read()  # what simulations read: no messages or observations
         trace.samples = [s for s in trace.samples if s.status == "completed" and sample_ok(s)]
         if trace.samples:
             out.append(trace)
