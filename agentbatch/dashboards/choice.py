@@ -19,6 +19,19 @@ def stored_choice(config: dict[str, Any]) -> dict[str, Any] | None:
     return choice
 
 
+def running_policy(config: dict[str, Any]) -> str:
+    """The policy a batch runs, in one phrase (the gateway says it when it opens)."""
+    choice = stored_choice(config)
+    if choice is not None:
+        return (f"{choice['chosen']!r}, chosen by policy auto ({choice['simulations']} simulations on "
+                f"{choice['members']} earlier run(s); the summary lists every candidate)")
+    scheduling = config.get("scheduling")
+    policy = scheduling.get("policy") if isinstance(scheduling, dict) else None
+    if policy in (None, "auto", "configured"):
+        return "the configured scheduling" + (" (policy auto could not choose: the log says why)" if policy == "auto" else "")
+    return repr(policy)
+
+
 def worst_prediction(choice: dict[str, Any], name: str) -> float | None:
     """A candidate's worst predicted makespan over the ensemble (what the minimax rule scores);
     None when it is not listed or was cut in some member (it could not win there)."""

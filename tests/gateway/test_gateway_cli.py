@@ -87,6 +87,7 @@ def test_sigterm_ends_the_batch_cleanly(tmp_path):
                 proc.kill()
     assert proc.returncode == 0, out
     assert "OpenAI base URL" in out and "1/1 completed" in out
+    assert "policy the configured scheduling (policy auto could not choose" in out  # no engine timing profile
     store = Store(db)
     (batch,) = store.list_batches()
     assert batch.status == "completed" and batch.name == "cli-gw"

@@ -110,6 +110,7 @@ def test_the_gateway_command_records_and_reports_the_choice(tmp_path: Path) -> N
     assert batch.name == NAME and choice["mode"] == "auto" and choice["harness"] == 3 and choice["members"] == 3
     assert batch.config["scheduling"]["policy"] == choice["chosen"]
     assert f"auto chose {choice['chosen']}" in out and "3 samples at a time" in out
+    assert f"policy {choice['chosen']!r}, chosen by policy auto (" in out  # said when the gateway opens
 
 
 

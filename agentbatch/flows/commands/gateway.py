@@ -245,6 +245,7 @@ async def _watch(gateway: Any, options: dict[str, Any]) -> None:
     from tqdm import tqdm
 
     from agentbatch.dashboards.artifacts import BatchProgressArtifact
+    from agentbatch.dashboards.choice import running_policy
     from agentbatch.flows.progress import HEARTBEAT_S
 
     while not gateway.opened:
@@ -254,6 +255,7 @@ async def _watch(gateway: Any, options: dict[str, Any]) -> None:
 
     print(f"agentbatch gateway: batch {gateway.batch_id} in {shown_url(str(gateway.store.url))}\n"
           f"  OpenAI base URL {base}/v1   MCP tool gateway {base}/mcp ({len(gateway.tools.tools)} tools)\n"
+          f"  policy {running_policy(gateway.batch.config)}\n"
           f"  finish with: curl -X POST {base}/v1/batch/finish   (or SIGTERM)", flush=True)
     registry = gateway.state.registry
     bar = tqdm(total=options["expect"], desc=f"gateway batch {gateway.batch_id}", unit="sample",
