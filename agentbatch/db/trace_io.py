@@ -145,19 +145,19 @@ class RecordReader:
                                         "config": batch.config})  # fmt: skip
 
     def _convert(self, new: list[Any], t0: float) -> None:
-        """Convert the newly completed steps (their payloads fetched in chunks), then drop the payloads."""
+        """Convert the newly completed steps (their responses fetched in chunks; the request only of a
+        sample's first step, for its prefix), then drop the payloads."""
         for k in range(0, len(new), 500):
             chunk = {st.id: st for st in new[k:k + 500]}
+            firsts = [i for i, st in chunk.items() if st.index == 0]
             with self.store.session() as s:
-                payloads = s.execute(select(Step.id, Step.request, Step.response).where(Step.id.in_(list(chunk))))
-                for step_id, request, response in payloads:
-                    st = chunk[step_id]
-                    trace_step = _trace_step(st, t0, response)
+                for step_id, response in s.execute(select(Step.id, Step.response).where(Step.id.in_(list(chunk)))):
+                    trace_step = _trace_step(chunk[step_id], t0, response)
                     trace_step.message = trace_step.observation = trace_step.tools = None
                     self._steps[step_id] = trace_step
-                    if st.index == 0:
-                        first = request or {}
-                        self._prefix[st.sample_id] = _prefix(first.get("messages"), first.get("tools"))
+                for step_id, request in s.execute(select(Step.id, Step.request).where(Step.id.in_(firsts))):
+                    first = request or {}
+                    self._prefix[chunk[step_id].sample_id] = _prefix(first.get("messages"), first.get("tools"))
 
 
 @dataclass
