@@ -46,6 +46,7 @@ def test_the_gateway_beats_its_batchs_heartbeat(store: Store, monkeypatch: pytes
     with store.session() as s, s.begin():
         s.get_one(Batch, batch_id).heartbeat_at = 1.0
     fake = SimpleNamespace(opened=True, batch_id=batch_id, store=store, tools=SimpleNamespace(tools=[]),
+                           batch=SimpleNamespace(config={}),
                            state=SimpleNamespace(registry=SimpleNamespace(samples={}, active=0)))
 
     def beat_at() -> float:
