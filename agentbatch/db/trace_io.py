@@ -80,14 +80,18 @@ def _trace_step(st: Step, t0: float, response: dict[str, Any] | None) -> TraceSt
 def _trace_sample(sm: Sample, recorded: list[Step], t0: float) -> TraceSample:
     first_req = recorded[0].request if recorded and recorded[0].request else {}
     messages, tools = first_req.get("messages"), first_req.get("tools")
-    group, shared = _prefix(messages, tools)
-    ts = TraceSample(
-        index=sm.index, task_id=sm.task_id, task=sm.task or {}, score=sm.score, result=sm.result,
-        status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
-        tools=tools, messages=messages, prefix_group=group, shared_prefix_tokens=shared,
-    )  # fmt: skip
+    ts = _sample_of(sm, t0, _prefix(messages, tools), tools=tools, messages=messages)
     ts.steps.extend(_trace_step(st, t0, st.response) for st in recorded)
     return ts
+
+
+def _sample_of(sm: Sample, t0: float, prefix: tuple[str, int], **payload: Any) -> TraceSample:
+    """A sample row as a trace sample without its steps; `payload`: its tools and initial messages."""
+    return TraceSample(
+        index=sm.index, task_id=sm.task_id, task=sm.task or {}, score=sm.score, result=sm.result,
+        status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
+        prefix_group=prefix[0], shared_prefix_tokens=prefix[1], **payload,
+    )  # fmt: skip
 
 
 def export_batch(store: Store, batch_id: int) -> Trace:
@@ -134,12 +138,8 @@ class RecordReader:
         self._convert([st for steps in by_sample.values() for st in steps.values() if st.id not in self._steps], t0)
         out = []
         for sm in self.store.samples(self.batch_id):
-            recorded = [by_sample[sm.id][i] for i in sorted(by_sample[sm.id])]
-            group, shared = self._prefix.get(sm.id, ("", 0)) if recorded and recorded[0].index == 0 else ("", 0)
-            ts = TraceSample(index=sm.index, task_id=sm.task_id, task=sm.task or {}, score=sm.score, result=sm.result,
-                             status=sm.status, admitted_at=_rel(sm.admitted_at, t0), finished_at=_rel(sm.finished_at, t0),
-                             prefix_group=group, shared_prefix_tokens=shared)  # fmt: skip
-            ts.steps.extend(self._steps[st.id] for st in recorded)
+            ts = _sample_of(sm, t0, self._prefix.get(sm.id, ("", 0)))  # known once its first step completed
+            ts.steps.extend(self._steps[by_sample[sm.id][i].id] for i in sorted(by_sample[sm.id]))
             out.append(ts)
         return Trace(samples=out, meta={"source": "store", "batch_id": self.batch_id, "batch_name": batch.name,
                                         "config": batch.config})  # fmt: skip

@@ -68,18 +68,14 @@ def choose_gateway_policy(config: BatchConfig, store: Any, workers: int, *, harn
     label = f"gateway {config.name!r}"
     if engine_model(config) is None:
         return _not_chosen(config, label, NO_ENGINE_MODEL)
-    from agentbatch.sim.portfolio import Member  # here: the simulator is a slow import
-    from agentbatch.sim.virtual_time.simulation import context_priors
     from agentbatch.traces import chain_priors
 
     traces = named_history(store, config.name)
     if not traces:
         return _not_chosen(config, label, f"no earlier finished batch named {config.name!r} in the store")
-    priors, contexts = chain_priors(*traces), context_priors(*traces)
-    members = [Member(t, priors or None, contexts) for t in traces]
     most = max(len(t.samples) for t in traces)
     window = harness or harness_concurrency(traces) or max(most, expect or 0)
-    return _decide(config, members, workers, expect or most, label, harness=window)
+    return _decide(config, _members(traces, chain_priors(*traces)), workers, expect or most, label, harness=window)
 
 
 def _fixed(config: BatchConfig, samples: int) -> PolicyChoice:
@@ -165,14 +161,20 @@ def _auto_inputs(config: BatchConfig, store: Any, batch_id: int, task_ids: list[
     """Why auto cannot choose (or None) and the ensemble it simulates."""
     if engine_model(config) is None:
         return NO_ENGINE_MODEL, []
-    from agentbatch.sim.portfolio import Member  # here: the simulator is a slow import
-    from agentbatch.sim.virtual_time.simulation import context_priors
-
     traces = history_traces(store, batch_id, set(task_ids))
     if not traces:
         return "no earlier batch in the store ran these tasks", []
+    return None, _members(traces, priors)
+
+
+def _members(traces: list[Any], priors: dict[str, float]) -> list[Any]:
+    """One ensemble member per earlier batch, with the chain-length priors the batch runs with and
+    the context priors of them all."""
+    from agentbatch.sim.portfolio import Member  # here: the simulator is a slow import
+    from agentbatch.sim.virtual_time.simulation import context_priors
+
     contexts = context_priors(*traces)
-    return None, [Member(t, dict(priors) or None, contexts) for t in traces]
+    return [Member(t, dict(priors) or None, contexts) for t in traces]
 
 
 def history_traces(store: Any, batch_id: int, task_ids: set[str]) -> list[Any]:
