@@ -7,29 +7,21 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from agentbatch.scheduling.portfolio import running_policy_status
+
 _COLUMNS = ("candidate", "baseline", "predicted makespan per earlier run (s)", "worst (s)", "score")
-
-
-def stored_choice(config: dict[str, Any]) -> dict[str, Any] | None:
-    """The choice the batch's config carries, None when auto did not choose (or the batch predates it)."""
-    scheduling = config.get("scheduling")
-    choice = scheduling.get("choice") if isinstance(scheduling, dict) else None
-    if not isinstance(choice, dict) or choice.get("mode") != "auto" or "candidates" not in choice:
-        return None
-    return choice
 
 
 def running_policy(config: dict[str, Any]) -> str:
     """The policy a batch runs, in one phrase (the gateway says it when it opens)."""
-    choice = stored_choice(config)
-    if choice is not None:
-        return (f"{choice['chosen']!r}, chosen by policy auto ({choice['simulations']} simulations on "
-                f"{choice['members']} earlier run(s); the summary lists every candidate)")
-    scheduling = config.get("scheduling")
-    policy = scheduling.get("policy") if isinstance(scheduling, dict) else None
-    if policy in (None, "auto", "configured"):
-        return "the configured scheduling" + (" (policy auto could not choose: the log says why)" if policy == "auto" else "")
-    return repr(policy)
+    status = running_policy_status(config)
+    if status["by"] == "auto":
+        return (f"{status['name']!r}, chosen by policy auto ({status['simulations']} simulations on "
+                f"{status['members']} earlier run(s); the summary lists every candidate)")
+    if status["name"] == "configured":
+        return "the configured scheduling" + (" (policy auto could not choose: the log says why)"
+                                              if status["by"] == "fallback" else "")
+    return repr(status["name"])
 
 
 def worst_prediction(choice: dict[str, Any], name: str) -> float | None:

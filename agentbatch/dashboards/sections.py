@@ -14,6 +14,7 @@ import pandas as pd
 
 from agentbatch.dashboards import choice, groups
 from agentbatch.dashboards.analytics import BatchAnalysis
+from agentbatch.scheduling.portfolio import stored_choice
 
 # The knobs that decide a run's schedule, as (label, path in the stored config).
 POLICY_FIELDS = (
@@ -213,7 +214,7 @@ def config_html(analyses: list[BatchAnalysis]) -> str:
 def choice_html(analyses: list[BatchAnalysis]) -> str:
     """What `scheduling.policy: auto` chose for each batch that chose; "" when none did."""
     parts = [choice.choice_html(a.data.title, a.data.key, c) for a in analyses
-             if (c := choice.stored_choice(a.data.config)) is not None]
+             if (c := stored_choice(a.data.config)) is not None]
     return _section("policy-choice", "Policy choice", "".join(parts)) if parts else ""
 
 

@@ -7,12 +7,13 @@ from typing import Any
 
 from agentbatch.dashboards.analytics import BatchAnalysis, CriticalSample
 from agentbatch.dashboards.checks import stopped_in_flight
-from agentbatch.dashboards.choice import choice_json, choice_line, stored_choice
+from agentbatch.dashboards.choice import choice_json, choice_line
 from agentbatch.dashboards.frames import load_batch
 from agentbatch.dashboards.groups import GroupScore, group_line, group_scores
 from agentbatch.db.history import priors_used
 from agentbatch.db.store import Store
 from agentbatch.scheduling.lower_bound import LowerBound
+from agentbatch.scheduling.portfolio import stored_choice
 
 
 @dataclass

@@ -314,7 +314,7 @@ def batch_status(state: GatewayState) -> dict[str, Any]:
         "ended": state.registry.ended, "yielded": state.registry.yields, "requests": state.counters.requests, "streamed": state.counters.streamed,
         "failed": state.counters.failed, "tool_calls": state.counters.tool_calls,
         "tool_failures": state.counters.tool_failures, "waiting": dict(state.counters.waiting),
-        "in_use": c.in_use(), "peaks": c.peaks(), "sticky": c.sticky, "moves": c.moves,
+        "in_use": c.in_use(), "peaks": c.peaks(), "sticky": c.sticky, "moves": c.moves, "policy": state.policy,
     }
 
 

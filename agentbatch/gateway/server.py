@@ -35,6 +35,7 @@ from agentbatch.gateway.routing import ClusterRouter
 from agentbatch.gateway.samples import SampleRegistry
 from agentbatch.gateway.state import GatewaySettings, GatewayState, abandon_step
 from agentbatch.gateway.tools import ToolGateway
+from agentbatch.scheduling.portfolio import running_policy_status
 from agentbatch.tasks.coordinator import Coordinator
 
 log = logging.getLogger("agentbatch.gateway")
@@ -74,6 +75,7 @@ class Gateway:
                                     yield_min_s=self.settings.yield_min_s, yield_factor=self.settings.yield_factor),
             pool=WorkerPool(self.endpoints, self.settings.request_timeout_s),
         )
+        self.state.policy = running_policy_status(self.batch.config)
         unknown = set(self.settings.per_sample_upstreams) - {u.name for u in self.upstreams}
         if unknown:
             raise ValueError(f"per-sample upstreams {sorted(unknown)} are not among the MCP upstreams "

@@ -67,6 +67,7 @@ class GatewayState:
     counters: GatewayCounters = field(default_factory=GatewayCounters)
     clock: Callable[[], float] = time.time
     held: set[HeldSlot] = field(default_factory=set)  # steps holding a slot now
+    policy: dict[str, Any] = field(default_factory=dict)  # which policy runs (GET /v1/batch)
 
 
 @dataclass(eq=False)

@@ -207,3 +207,30 @@ def _members(predictions: Mapping[str, Sequence[float]], by_name: Mapping[str, C
 
 def _ratio(t: float, b: float) -> float:
     return t / b if b > 0 else (1.0 if t <= 0 else math.inf)
+
+
+def stored_choice(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The choice a batch's config carries, None when auto did not choose (or the batch predates it)."""
+    scheduling = config.get("scheduling")
+    choice = scheduling.get("choice") if isinstance(scheduling, dict) else None
+    if not isinstance(choice, dict) or choice.get("mode") != "auto" or "candidates" not in choice:
+        return None
+    return choice
+
+
+def running_policy_status(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Which policy a batch runs, from its stored config: `name`, the candidate that runs
+    ("configured": the config's own scheduling fields), and `by`: "auto" (policy auto chose it: then
+    also the simulations, earlier runs and harness window it chose with), "config" (the config names
+    it) or "fallback" (policy auto could not choose: the log says why)."""
+    scheduling = config.get("scheduling")
+    policy = scheduling.get("policy") if isinstance(scheduling, dict) else None
+    choice = stored_choice(config)
+    if choice is not None:
+        return {"name": policy if policy not in (None, "auto") else choice["chosen"], "by": "auto",
+                "chosen": choice["chosen"], "simulations": choice["simulations"], "members": choice["members"],
+                "harness": choice.get("harness")}  # fmt: skip
+    if policy in (None, "auto", "configured"):
+        return {"name": "configured", "by": "fallback" if policy == "auto" else "config"}
+    return {"name": policy, "by": "config"}
+

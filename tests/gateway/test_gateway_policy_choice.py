@@ -15,11 +15,13 @@ import yaml
 from gateway_helpers import MODEL, sim_workers
 from testkit import CLI, answers, free_port, wait_until
 
+from agentbatch.dashboards.choice import running_policy
 from agentbatch.db.store import Store
 from agentbatch.db.trace_io import import_trace
 from agentbatch.flows.commands._gateway_processes import served_config
 from agentbatch.flows.config import BatchConfig
 from agentbatch.flows.policy_choice import apply_candidate, choose_gateway_policy, harness_concurrency
+from agentbatch.scheduling.portfolio import running_policy_status
 from agentbatch.sim.portfolio import portfolio
 from agentbatch.traces import generate
 
@@ -104,18 +106,35 @@ def test_the_gateway_command_records_and_reports_the_choice(tmp_path: Path) -> N
         path.write_text(yaml.safe_dump({"name": NAME, "engine": {"kind": "openai", "params": {
             "endpoints": [{"name": "w0", "base_url": workers[0].base_url, "model": MODEL}], "timing": TIMING}}}))
         argv = ["--config", str(path), "--db", db, "--port", str(port), "--harness-concurrency", "3"]
-        out = _serve_one_request(argv, port)
+        out, status = _serve_one_request(argv, port)
     batch = Store(db).list_batches()[-1]
     choice = batch.config["scheduling"]["choice"]
     assert batch.name == NAME and choice["mode"] == "auto" and choice["harness"] == 3 and choice["members"] == 3
     assert batch.config["scheduling"]["policy"] == choice["chosen"]
     assert f"auto chose {choice['chosen']}" in out and "3 samples at a time" in out
     assert f"policy {choice['chosen']!r}, chosen by policy auto (" in out  # said when the gateway opens
+    assert status["policy"] == {"name": choice["chosen"], "by": "auto", "chosen": choice["chosen"], "harness": 3,
+                                "simulations": choice["simulations"], "members": 3}  # and by GET /v1/batch
+
+
+def test_the_running_policy_is_read_from_the_stored_config() -> None:
+    choice = {"mode": "auto", "chosen": "defaults", "candidates": [], "simulations": 9, "members": 3, "harness": 4}
+    chosen = {"scheduling": {"policy": "defaults", "choice": choice}}
+    assert running_policy_status(chosen) == {"name": "defaults", "by": "auto", "chosen": "defaults",
+                                             "simulations": 9, "members": 3, "harness": 4}
+    switched = {"scheduling": {"policy": "decoupled FIFO, all admitted", "choice": choice}}  # re-planning switched
+    assert running_policy_status(switched)["name"] == "decoupled FIFO, all admitted"
+    assert running_policy_status({"scheduling": {"policy": "auto"}}) == {"name": "configured", "by": "fallback"}
+    assert running_policy_status({"scheduling": {"policy": "configured"}}) == {"name": "configured", "by": "config"}
+    assert running_policy_status({"scheduling": {"policy": "defaults"}}) == {"name": "defaults", "by": "config"}
+    assert running_policy({"scheduling": {"policy": "auto"}}).endswith("(policy auto could not choose: the log says why)")
+    assert running_policy(chosen).startswith("'defaults', chosen by policy auto (9 simulations on 3 earlier run(s)")
 
 
 
-def _serve_one_request(argv: list[str], port: int) -> str:
-    """`agentbatch gateway ARGV` until one request has been answered and the batch finished; its output."""
+def _serve_one_request(argv: list[str], port: int) -> tuple[str, dict]:
+    """`agentbatch gateway ARGV` until one request has been answered and the batch finished; its output
+    and what GET /v1/batch said before the finish."""
     proc = subprocess.Popen([*CLI, "gateway", *argv, "--no-prefect", "--no-progress"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -124,10 +143,11 @@ def _serve_one_request(argv: list[str], port: int) -> str:
         body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
         assert httpx.post(base + "/v1/chat/completions", headers={"X-Agentbatch-Sample": "t1"}, json=body,
                           timeout=60).status_code == 200
+        status = httpx.get(base + "/v1/batch", timeout=60).json()
         assert httpx.post(base + "/v1/batch/finish", timeout=60).status_code == 200
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out
-    return out
+    return out, status
