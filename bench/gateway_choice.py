@@ -10,12 +10,13 @@ store (the suite's history), fresh simulated workers (`serve-sim`) each:
 1. each strong baseline pinned (`scheduling.policy: NAME`): coupled at S/4, S/2 and S (the sweep:
    its best is the baseline), decoupled FIFO with every sample admitted, the paper's coupled;
 2. `policy: auto`, which simulates the portfolio on the latest three finished batches of the name
-   (the last three baselines' records) with the samples sent as the harness sends them, and runs
-   the one the rule picks.
+   (the last three baselines' records) with the samples sent as the harness sends them, runs the
+   one the rule picks, and re-plans at checkpoints as the samples arrive (what it did is printed).
 
 Per run it prints the live makespan and the prediction of the same configuration on that run's own
 record (virtual time with the harness's window and the runner's measured costs, scaled to wall
-seconds: flows/policy_choice.py `engine_base`), and at the end the choice's live makespan against
+seconds: flows/policy_choice.py `engine_base`; a run that switched, with its switches at the same
+checkpoints), and at the end the choice's live makespan against
 the best baseline's live makespan.
 
     .venv/bin/python bench/gateway_choice.py [--family mcp_like] [--samples 24] [--harness 8]
@@ -37,6 +38,7 @@ from typing import Any
 import yaml
 from gateway_makespan import drive, probe_server
 from gateway_overhead import MODEL, free_port, process, sim_worker
+from live_ordering import switched_makespan
 
 from agentbatch.db.store import Store
 from agentbatch.db.trace_io import export_batch
@@ -92,14 +94,27 @@ def run(samples: list[Any], args: argparse.Namespace, caps: dict[str, Any], tmp:
         store.close()
 
 
-def predicted(store: Store, batch_id: int, cand: Candidate, args: argparse.Namespace) -> float:
-    """The candidate's makespan predicted on the batch's own record, in wall seconds."""
+def predicted(store: Store, batch_id: int, cand: Candidate, args: argparse.Namespace,
+              switches: tuple[dict[str, Any], ...] = ()) -> float:
+    """The candidate's makespan predicted on the batch's own record, in wall seconds; with the live
+    run's re-planning switches made at the same checkpoints."""
     trace = export_batch(store, batch_id)
     config = BatchConfig.model_validate(trace.meta["config"])
     base = replace(engine_base(config, len(config.engine.params["endpoints"]), [trace]), harness=args.harness)
     cfg = candidate_config(cand, base, samples=len(trace.samples), n_ref=config.scheduling.max_active_samples,
                            priors=chain_priors(trace))
+    if switches:
+        return switched_makespan(trace, cfg, switches, config.scheduling.max_active_samples) * args.time_scale
     return VirtualBatch(trace, cfg).run().makespan_s * args.time_scale
+
+
+def replanned(choice: dict[str, Any]) -> str:
+    """What re-planning did while the batch ran (the stored choice's `replan` and `switches`)."""
+    done = choice.get("replan") or {}
+    moves = ", ".join(f"at {sw['at_wall_s']:.1f} s {sw['from']} -> {sw['to']} (remainder predicted x{sw['predicted_ratio']})"
+                      for sw in choice.get("switches") or ())
+    return (f"re-planning: {done.get('checkpoints', 0)} checkpoint(s), {done.get('simulations', 0)} simulations, "
+            f"{done.get('cpu_s', 0):.2f} s CPU; {moves or 'no switch'}")
 
 
 def main() -> None:
@@ -132,15 +147,16 @@ def main() -> None:
             makespan, batch_id = run(samples, args, caps, tmp, db, policy)
             store = Store(db)
             scheduling = store.get_batch(batch_id).config["scheduling"]
-            chosen = scheduling["policy"]
-            pred = predicted(store, batch_id, by_name[chosen], args)
+            choice = scheduling.get("choice") or {}
+            chosen = choice.get("chosen", scheduling["policy"])
+            switches = tuple(choice.get("switches") or ())
+            pred = predicted(store, batch_id, by_name[chosen], args, switches)
             store.close()
             live[policy] = makespan
             extra = ""
             if policy == "auto":
-                choice = scheduling.get("choice") or {}
                 extra = (f"; chose {chosen!r} ({choice.get('simulations')} simulations on {choice.get('members')} "
-                         f"earlier runs, harness {choice.get('harness')}, {choice.get('decide_s')} s)")
+                         f"earlier runs, harness {choice.get('harness')}, {choice.get('decide_s')} s); {replanned(choice)}")
             print(f"{policy:30s} live {makespan:7.1f} s  predicted {pred:7.1f} s  live/predicted {makespan / pred:.3f}  "
                   f"({time.perf_counter() - t0:.0f} s){extra}; load {os.getloadavg()[0]:.1f}", flush=True)
     coupled = min(BASELINES[:3], key=lambda n: live[n])

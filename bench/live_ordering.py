@@ -122,11 +122,11 @@ def virtual_makespan(argv: list[str], profile: str, step_latency_s: float = 0.0,
         cand = next(c for c in portfolio() if c.name == candidate)
         cfg = candidate_config(cand, cfg, samples=len(trace.samples), n_ref=a.max_active, priors=cfg.priors)
     if switches:
-        return _switched(trace, cfg, switches, a.max_active)
+        return switched_makespan(trace, cfg, switches, a.max_active)
     return simulate(trace, cfg).summary.makespan_s
 
 
-def _switched(trace: Any, cfg: Any, switches: tuple[dict[str, Any], ...], n_ref: int) -> float:
+def switched_makespan(trace: Any, cfg: Any, switches: tuple[dict[str, Any], ...], n_ref: int) -> float:
     """The batch in virtual time with the live run's switches made at the same checkpoints."""
     from agentbatch.sim.portfolio import Member, portfolio
     from agentbatch.sim.replan import apply

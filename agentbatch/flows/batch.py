@@ -413,23 +413,18 @@ async def _replanning(live: _LiveBatch) -> AsyncIterator[None]:
     if live.replan is None:
         yield
         return
-    from agentbatch.flows.replan import LiveReplanner, LiveTarget
+    from agentbatch.flows.replan import LiveTarget, replanning
 
     b = live.batch
     model = engine_model(live.config)
     assert model is not None  # policy auto chose: the engines' timing is known
-    target = LiveTarget(b.store, b.batch_id, live.config, b.coordinator, live.keeper, live.window, live.priors,
+    keeper = live.keeper
+    target = LiveTarget(b.store, b.batch_id, live.config, b.coordinator, lambda: len(keeper.leases.live_owners()),
+                        live.window, live.priors,
                         live.progress, {s.id: (s.task_id, s.index) for s in b.store.samples(b.batch_id)},
                         [e.name for e in live.engines], live.policy)  # fmt: skip
-    replanner = LiveReplanner(live.replan, model[1], target)
-    task = asyncio.create_task(replanner.run(), name="agentbatch-replan")
-    try:
+    async with replanning(live.replan, model[1], target):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        replanner.close()
 
 
 async def _drive_window(live: _LiveBatch, drive: Callable[[Any], Any]) -> None:

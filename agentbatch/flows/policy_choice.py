@@ -61,8 +61,8 @@ def choose_gateway_policy(config: BatchConfig, store: Any, workers: int, *, harn
     of the same name (each one member, its completed samples). Its samples come as the harness sends
     them, so each candidate is simulated with the samples sent in their recorded order, `harness` open
     at once (`VirtualConfig.harness`; None: as many as those batches show, `harness_concurrency`).
-    `expect`: the samples expected (an all-admitted candidate's limit), else the largest member's.
-    No re-planning while it runs."""
+    `expect`: the samples expected (an all-admitted candidate's limit), else the largest member's;
+    the plan re-plans with the samples not yet arrived drawn from the first earlier batch."""
     if config.scheduling.policy != "auto":
         return _fixed(config, expect or config.scheduling.max_active_samples)
     label = f"gateway {config.name!r}"
@@ -108,13 +108,14 @@ def _decide(config: BatchConfig, members: list[Any], workers: int, samples: int,
              d.simulations, d.members, d.decide_s)  # fmt: skip
     chosen = apply_candidate(config, d.chosen, samples)
     scheduling = chosen.scheduling.model_copy(update={"choice": summary})
-    plan = live_plan(config, d, members, base) if harness is None else None
+    plan = live_plan(config, d, members, base, expected=None if harness is None else samples)
     return PolicyChoice(chosen.model_copy(update={"scheduling": scheduling}), summary, plan)
 
 
-def live_plan(config: BatchConfig, d: Any, members: list[Any], base: Any) -> Any:
+def live_plan(config: BatchConfig, d: Any, members: list[Any], base: Any, *, expected: int | None = None) -> Any:
     """What the run re-plans with (flows/replan.py), None when `scheduling.replan.every` is 0, the
-    chosen candidate has no finite prediction, or fewer than MIN_MEMBERS earlier runs are known."""
+    chosen candidate has no finite prediction, or fewer than MIN_MEMBERS earlier runs are known.
+    `expected`: a gateway batch's samples (they arrive as the harness sends them)."""
     from agentbatch.sim.replan import MIN_MEMBERS, ReplanSettings
     from agentbatch.sim.replan_live import LivePlan
 
@@ -128,7 +129,7 @@ def live_plan(config: BatchConfig, d: Any, members: list[Any], base: Any) -> Any
         return None
     every_s = r.every * statistics.median(predicted)
     return LivePlan(members, d.candidates, d.chosen, base, config.scheduling.max_active_samples, every_s,
-                    ReplanSettings(every=r.every, margin=r.margin))
+                    ReplanSettings(every=r.every, margin=r.margin), expected)
 
 
 def engine_model(config: BatchConfig) -> tuple[str, float] | None:

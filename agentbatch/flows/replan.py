@@ -23,9 +23,10 @@ and the processes would have to agree on one switch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ from agentbatch.db.models import DONE_SAMPLES
 from agentbatch.db.store import Store
 from agentbatch.db.trace_io import RecordReader
 from agentbatch.flows.config import BatchConfig
-from agentbatch.flows.leased import ClaimWindow, LeaseKeeper
+from agentbatch.flows.leased import ClaimWindow
 from agentbatch.flows.policy_choice import apply_candidate
 from agentbatch.protocols.secrets import to_stored
 from agentbatch.scheduling.types import SampleProgress
@@ -50,19 +51,25 @@ log = logging.getLogger("agentbatch.replan")
 @dataclass(eq=False)
 class LiveTarget:
     """What a switch changes in the running batch. `priors` and `progress` are the run's own (the
-    priors the next samples start with; the running samples' progress by sample id)."""
+    priors the next samples start with; the running samples' progress by sample id). A gateway has
+    neither (its samples take their priors from the history as they arrive) nor a claim window."""
 
     store: Store
     batch_id: int
     config: BatchConfig
     coordinator: Coordinator
-    keeper: LeaseKeeper
+    drivers: Callable[[], int]  # how many processes drive the batch's samples now
     window: ClaimWindow | None
     priors: dict[str, float]
     progress: dict[int, SampleProgress]
     samples: dict[int, tuple[str, int]]  # sample id -> (task id, index) of every sample of the batch
     workers: list[str]
     summary: dict[str, Any]  # the run's `policy` summary: the switches are added to it
+    stored: Callable[[BatchConfig], dict[str, Any]] = field(default=lambda c: to_stored(c.model_dump(mode="json")))
+
+    def save(self) -> None:
+        """The config as switched, into the batch's row (`stored`: as the batch records a config)."""
+        self.store.set_batch_config(self.batch_id, self.stored(self.config))
 
 
 @dataclass(eq=False)
@@ -78,8 +85,11 @@ class LiveReplanner:
     cpu_s: float = 0.0
     _process: LookProcess | None = None
     _reader: RecordReader | None = None  # the batch's record, read anew at each checkpoint
+    started: Callable[[], bool] | None = None  # the batch's clock starts once true (a gateway's first sample)
 
     async def run(self) -> None:
+        while self.started is not None and not self.started():
+            await asyncio.sleep(0.05)
         start = time.time()
         self._process = LookProcess(self.plan)
         interval = self.plan.every_s * self.time_scale  # wall seconds between checkpoints
@@ -107,12 +117,11 @@ class LiveReplanner:
         self._reader = self._reader or RecordReader(t.store, t.batch_id)
         recorded = self._reader.read()
         revealed = revealed_steps(recorded)
-        if len(revealed.ended) == len(recorded.samples):
+        if len(revealed.ended) == len(recorded.samples) >= (self.plan.expected or 0):
             return None
-        owners = t.keeper.leases.live_owners()
-        if len(owners) > 1:
-            log.info("batch %s: checkpoint %d: %d processes drive the batch; not re-planned", t.batch_id, k,
-                     len(owners))
+        drivers = t.drivers()
+        if drivers > 1:
+            log.info("batch %s: checkpoint %d: %d processes drive the batch; not re-planned", t.batch_id, k, drivers)
             return Look(None, 0, 0.0)
         assert self._process is not None
         seen = self._process.look(recorded, revealed, k, self.switches)
@@ -134,7 +143,7 @@ class LiveReplanner:
                                "cpu_s": round(self.cpu_s, 3)}  # fmt: skip
         choice = {**(t.config.scheduling.choice or {}), "replan": t.summary["replan"]}
         t.config = t.config.model_copy(update={"scheduling": t.config.scheduling.model_copy(update={"choice": choice})})
-        t.store.set_batch_config(t.batch_id, to_stored(t.config.model_dump(mode="json")))
+        t.save()
         log.info("batch %s: re-planning looked at %d checkpoint(s): %d switch(es), %d simulation(s), %.2f s CPU",
                  t.batch_id, self.looks, len(self.switches), self.simulations, self.cpu_s)
 
@@ -147,7 +156,8 @@ class LiveReplanner:
         t = self.target
         c = next(c for c in self.plan.pool if c.name == sw.new)
         member = self.plan.members[0]
-        cfg = candidate_config(c, self.plan.base, samples=len(t.samples), n_ref=self.plan.n_ref,
+        samples = self.plan.expected or len(t.samples)
+        cfg = candidate_config(c, self.plan.base, samples=samples, n_ref=self.plan.n_ref,
                                priors=member.priors, context_priors=member.context_priors)  # fmt: skip
         kv = self.plan.base.engine_profile().kv_capacity_tokens * self.plan.base.workers
         swap = policy_swap(c, cfg, t.workers, coupled_now=t.coordinator.core.limits.coupled, kv_tokens=kv)
@@ -167,8 +177,24 @@ class LiveReplanner:
         t.summary.setdefault("switches", []).append(record)
         log.info("batch %s: re-planned at %.1f s virtual: %r -> %r (remainder predicted x%.3f of staying)",
                  t.batch_id, sw.at_s, sw.old, sw.new, gain)
-        t.config = _switched_config(t.config, c, len(t.samples), t.summary, t.priors)
-        await asyncio.to_thread(t.store.set_batch_config, t.batch_id, to_stored(t.config.model_dump(mode="json")))
+        t.config = _switched_config(t.config, c, samples, t.summary, t.priors)
+        await asyncio.to_thread(t.save)
+
+
+@contextlib.asynccontextmanager
+async def replanning(plan: LivePlan, time_scale: float, target: LiveTarget,
+                     started: Callable[[], bool] | None = None) -> AsyncIterator[LiveReplanner]:
+    """Re-plan while the body runs (`LiveReplanner`); what it did goes to the summary and the stored
+    choice when the body ends."""
+    replanner = LiveReplanner(plan, time_scale, target, started=started)
+    task = asyncio.create_task(replanner.run(), name="agentbatch-replan")
+    try:
+        yield replanner
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        replanner.close()
 
 
 def revealed_steps(recorded: Trace) -> Revealed:

@@ -47,6 +47,9 @@ class LivePlan:
     n_ref: int
     every_s: float
     settings: ReplanSettings
+    # A gateway batch's samples arrive as the harness sends them (`base.harness`): the samples it
+    # expects in all; those not yet arrived are the first member's at their positions.
+    expected: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,10 +67,11 @@ class _Reached(Exception):
     """Ends the replay once the checkpoint has been looked at."""
 
 
-def replay_trace(recorded: Trace, revealed: Revealed, member: Member) -> Trace:
+def replay_trace(recorded: Trace, revealed: Revealed, member: Member, expected: int | None = None) -> Trace:
     """The batch's samples (trace index = position) with their recorded steps, each unfinished one
     continued by the member's run of its task from where it stands (all of it when nothing is
-    recorded)."""
+    recorded). `expected`: the samples a gateway batch expects; those beyond the recorded ones have
+    not arrived yet, and are the member's at their positions (what the harness will send)."""
     own = by_task(member.trace.samples)
     out: list[TraceSample] = []
     for i, s in enumerate(recorded.samples):
@@ -80,6 +84,8 @@ def replay_trace(recorded: Trace, revealed: Revealed, member: Member) -> Trace:
         else:
             steps = continued(s, known, mine, member.trace.samples).steps
         out.append(replace(s, index=i, steps=[replace(st, index=k) for k, st in enumerate(steps)]))
+    for i in range(len(out), expected or 0):
+        out.append(replace(member.trace.samples[i % len(member.trace.samples)], index=i))
     return replace(recorded, samples=out)
 
 
@@ -87,7 +93,7 @@ def look(plan: LivePlan, recorded: Trace, revealed: Revealed, k: int, switches: 
     """The k-th checkpoint (k >= 1) of a live batch whose recorded steps are `recorded` (module
     docstring); `switches`: those made at earlier checkpoints, in order."""
     member = plan.members[0]
-    trace = replay_trace(recorded, revealed, member)
+    trace = replay_trace(recorded, revealed, member, plan.expected)
     incumbent = plan.first
     names = {c.name: c for c in plan.pool}
     cfg = candidate_config(incumbent, plan.base, samples=len(trace.samples), n_ref=plan.n_ref,

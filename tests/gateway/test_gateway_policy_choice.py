@@ -66,7 +66,9 @@ def test_auto_simulates_the_earlier_batches_of_its_name_with_the_harness_window(
     choice = choose_gateway_policy(config, store, 1)
     s = choice.summary
     assert s["mode"] == "auto" and s["members"] == 3 and s["harness"] == 2  # two open at once in the history
-    assert s["chosen"] == choice.config.scheduling.policy and choice.plan is None  # no re-planning
+    assert s["chosen"] == choice.config.scheduling.policy
+    # it re-plans with the six samples of the history expected, sent through the harness's window
+    assert choice.plan is not None and choice.plan.expected == 6 and choice.plan.base.harness == 2
     chosen = next(c for c in portfolio() if c.name == s["chosen"])
     expected = apply_candidate(config, chosen, 6).scheduling.model_dump(exclude={"choice"})
     assert choice.config.scheduling.model_dump(exclude={"choice"}) == expected
@@ -90,11 +92,11 @@ def test_a_process_joining_the_batch_runs_its_stored_scheduling(sqlite_url) -> N
     store = Store(sqlite_url)
     _history(store)
     config = _config([{"name": "w0", "base_url": "http://127.0.0.1:9/v1", "model": MODEL}])
-    opened, choice = served_config(config, store, 1, {})
+    opened, choice, _ = served_config(config, store, 1, {})
     assert choice is not None and opened.scheduling.policy == choice["chosen"]
     batch_id = store.create_batch(NAME, opened.model_dump(mode="json"), [])
-    joined, again = served_config(config, store, 1, {"batch": batch_id})
-    assert again is None and joined.scheduling == opened.scheduling
+    joined, again, plan = served_config(config, store, 1, {"batch": batch_id})
+    assert again is None and plan is None and joined.scheduling == opened.scheduling  # it does not re-plan
 
 
 def test_the_gateway_command_records_and_reports_the_choice(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ import sys
 from typing import Any
 
 from agentbatch.db.models import BatchStatus
+
+log = logging.getLogger("agentbatch.gateway")
 
 
 class GatewayStartError(Exception):
@@ -50,33 +53,34 @@ def member_settings(host: str, internal: Any, hosts: tuple[str, ...]) -> tuple[A
     return ClusterSettings(url=f"http://{shown}:{internal_port}"), (*hosts, name)
 
 
-def served_config(config: Any, store: Any, workers: int, options: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
-    """The config a gateway process serves with, and what `scheduling.policy: auto` chose (None when
-    it did not run): a process joining a batch runs the batch's stored scheduling (what the process
-    that opened it chose); the one that opens a batch applies `scheduling.policy`
-    (flows/policy_choice.py `choose_gateway_policy`)."""
+def served_config(config: Any, store: Any, workers: int, options: dict[str, Any]) -> tuple[Any, dict[str, Any] | None, Any]:
+    """The config a gateway process serves with, what `scheduling.policy: auto` chose (None when it
+    did not run) and what the batch re-plans with (None: it does not): a process joining a batch
+    runs the batch's stored scheduling (what the process that opened it chose); the one that opens a
+    batch applies `scheduling.policy` (flows/policy_choice.py `choose_gateway_policy`)."""
     joined = options.get("batch")
     if joined is not None:
         batch = store.get_batch(joined)
         stored = (batch.config or {}).get("scheduling") if batch is not None else None
         if not isinstance(stored, dict):
-            return config, None
+            return config, None, None
         scheduling = type(config.scheduling).model_validate(stored)
-        return config.model_copy(update={"scheduling": scheduling}), None
+        return config.model_copy(update={"scheduling": scheduling}), None, None
     from agentbatch.flows.policy_choice import choose_gateway_policy
 
     choice = choose_gateway_policy(config, store, workers, harness=options.get("harness"), expect=options.get("expect"))
-    return choice.config, choice.summary
+    return choice.config, choice.summary, choice.plan
 
 
-async def chosen_config(config: Any, store: Any, workers: int, options: dict[str, Any]) -> Any:
-    """`served_config`'s config, its choice published as the flow run's artifact (`policy-choice`)."""
+async def chosen_config(config: Any, store: Any, workers: int, options: dict[str, Any]) -> tuple[Any, Any]:
+    """`served_config`'s config and re-planning plan, its choice published as the flow run's artifact
+    (`policy-choice`)."""
     from agentbatch.flows.policy_choice import publish_choice
 
-    config, choice = served_config(config, store, workers, options)
+    config, choice, plan = served_config(config, store, workers, options)
     if choice is not None:
         await publish_choice(choice)
-    return config
+    return config, plan
 
 
 MEMBERS_LOST = "every gateway process exited without finishing the batch"
@@ -111,7 +115,10 @@ async def supervise(args: argparse.Namespace, checked: tuple[Any, list[Any], lis
         raise GatewayStartError(f"--host/--port: cannot listen on {options['host']}:{options['port']}: {exc}") from exc
     run = FlowRunContext.get()
     store = Store(db)
-    config = await chosen_config(config, store, len(endpoints), options)
+    config, plan = await chosen_config(config, store, len(endpoints), options)
+    if plan is not None:
+        log.info("gateway %r: served by %d processes, the batch does not re-plan while it runs (one "
+                 "process would have to decide for all)", config.name, args.processes)
     batch_id = open_gateway_batch(store, config.name, stored_config(config), endpoints,
                                   str(run.flow_run.id) if run and run.flow_run else None)
     env = {**os.environ, "AGENTBATCH_DB_URL": db}

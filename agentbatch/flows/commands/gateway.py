@@ -163,9 +163,6 @@ def fast_loop() -> Callable[[], asyncio.AbstractEventLoop] | None:
 async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, options: dict[str, Any]) -> int:
     """Serve until finished, then print the batch's summary; returns the batch id. Progress bar and
     Prefect artifacts follow the samples."""
-    from agentbatch.dashboards.artifacts import publish_batch_artifacts
-    from agentbatch.dashboards.report import write_report
-    from agentbatch.dashboards.summary import summarize
     from agentbatch.db.store import Store
     from agentbatch.flows.batch import build_coordinator
     from agentbatch.gateway.server import Gateway, GatewayBatch, listen_socket, uvicorn_server
@@ -182,7 +179,7 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
 
     run = FlowRunContext.get()
     store = Store(db)
-    config = await chosen_config(config, store, len(endpoints), options)
+    config, plan = await chosen_config(config, store, len(endpoints), options)
     batch = GatewayBatch(config.name, stored_config(config), batch_id=joined,
                          flow_run_id=str(run.flow_run.id) if run and run.flow_run else None)
     cluster, hosts = member_settings(options["host"], internal, tuple(options.get("allow_host") or ()))
@@ -195,29 +192,61 @@ async def serve_gateway(checked: tuple[Any, list[Any], list[Any]], db: str, opti
                                                per_sample_upstreams=tuple(options.get("mcp_per_sample") or ())),
                       cluster=cluster)
     server = uvicorn_server(gateway)
-    watcher = asyncio.create_task(_watch(gateway, options)) if not options.get("member") else None
+    beside = [asyncio.create_task(_watch(gateway, options))] if not options.get("member") else []
+    beside += [asyncio.create_task(_replan(gateway, config, plan))] if plan is not None else []
     settle_heap()
     try:
         await server.serve(sockets=[sock] + ([internal] if internal is not None else []))
     finally:
-        if watcher is not None:
-            watcher.cancel()
+        for task in beside:  # the watcher and re-planning end with the serving
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+                await task
         for s in (sock, internal):
             if s is not None:
                 s.close()
-    if options.get("member"):  # the process that started the members reports the batch
-        store.close()
-        return gateway.batch_id
-    report = Path(options["report"]) if options["report"] else None
-    report_path = write_report(store, [gateway.batch_id], report) if report is not None else None
-    await publish_batch_artifacts(store, gateway.batch_id, report_path=report_path)
-    print(summarize(store, gateway.batch_id).to_text())
-    if report_path:
-        print(f"report: {report_path}")
+    if not options.get("member"):  # the process that started the members reports the batch
+        await _report(store, gateway.batch_id, options)
     store.close()
     return gateway.batch_id
+
+
+async def _report(store: Any, batch_id: int, options: dict[str, Any]) -> None:
+    """The batch's summary, its report (--report) and Prefect artifacts."""
+    from agentbatch.dashboards.artifacts import publish_batch_artifacts
+    from agentbatch.dashboards.report import write_report
+    from agentbatch.dashboards.summary import summarize
+
+    report = Path(options["report"]) if options["report"] else None
+    report_path = write_report(store, [batch_id], report) if report is not None else None
+    await publish_batch_artifacts(store, batch_id, report_path=report_path)
+    print(summarize(store, batch_id).to_text())
+    if report_path:
+        print(f"report: {report_path}")
+
+
+async def _replan(gateway: Any, config: Any, plan: Any) -> None:
+    """Re-plan the batch while it is served (flows/replan.py), its clock started by the first sample;
+    until cancelled. The samples take their priors from the history as they arrive, whatever runs."""
+    from agentbatch.flows.commands._gateway_processes import stored_config
+    from agentbatch.flows.policy_choice import engine_model
+    from agentbatch.flows.replan import LiveTarget, replanning
+
+    while not gateway.opened:
+        await asyncio.sleep(0.05)
+    model = engine_model(config)
+    assert model is not None  # policy auto chose: the engines' timing is known
+    from agentbatch.scheduling.portfolio import running_policy_status
+
+    def stored(switched: Any) -> dict[str, Any]:
+        data = stored_config(switched)
+        gateway.state.policy = running_policy_status(data)  # GET /v1/batch names what runs now
+        return data
+
+    target = LiveTarget(gateway.store, gateway.batch_id, config, gateway.coordinator, lambda: 1, None, {}, {}, {},
+                        [e.name for e in gateway.endpoints], dict(config.scheduling.choice or {}), stored=stored)
+    async with replanning(plan, model[1], target, started=lambda: bool(gateway.state.registry.samples)):
+        await asyncio.Event().wait()
 
 
 def settle_heap() -> None:
