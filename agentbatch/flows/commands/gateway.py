@@ -231,12 +231,12 @@ async def _replan(gateway: Any, config: Any, plan: Any) -> None:
     from agentbatch.flows.commands._gateway_processes import stored_config
     from agentbatch.flows.policy_choice import engine_model
     from agentbatch.flows.replan import LiveTarget, replanning
+    from agentbatch.scheduling.portfolio import running_policy_status
 
     while not gateway.opened:
         await asyncio.sleep(0.05)
     model = engine_model(config)
     assert model is not None  # policy auto chose: the engines' timing is known
-    from agentbatch.scheduling.portfolio import running_policy_status
 
     def stored(switched: Any) -> dict[str, Any]:
         data = stored_config(switched)
