@@ -17,7 +17,9 @@ The simulations run in a process of their own (spawned once per batch), off the 
 its interpreter lock; a switch is made when its look returns, and a checkpoint that passed while a
 look ran is skipped (its state is gone). A checkpoint where another process drives samples of the
 batch too (`join`) does not switch: the simulation knows this process's engines and slots only,
-and the processes would have to agree on one switch.
+and the processes would have to agree on one switch. A gateway served by one process re-plans the
+same way (`replanning`, from flows/commands/gateway.py): its clock starts with its first sample, and
+the samples its harness has not sent yet are replayed as the first earlier batch's.
 """
 
 from __future__ import annotations
