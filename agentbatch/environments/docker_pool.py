@@ -19,6 +19,7 @@ import logging
 import posixpath
 import re
 import shlex
+import struct
 import tarfile
 import time
 import uuid
@@ -404,9 +405,9 @@ class DockerPool:
         exec_id = api.exec_create(
             sandbox.id, argv, workdir=workdir or self.settings.workdir, user=user or self.settings.user
         )["Id"]
-        out, err = api.exec_start(exec_id, demux=True) or (None, None)
+        out, err = exec_output(api, exec_id)
         info = api.exec_inspect(exec_id)
-        return _ExecOutcome(info.get("ExitCode"), out or b"", err or b"", bool(info.get("Pid")))
+        return _ExecOutcome(info.get("ExitCode"), out, err, bool(info.get("Pid")))
 
     async def put_files(self, sandbox: Sandbox, files: Mapping[str, str | bytes], dest: str | None = None) -> None:
         """Write files (relative path -> content) under `dest` (default: the work dir), owned by the user."""
@@ -575,3 +576,30 @@ def cleanup_containers(batch_label: str | None = None, hosts: Sequence[str | Non
         finally:
             client.close()
     return removed
+
+
+def exec_output(api: Any, exec_id: str) -> tuple[bytes, bytes]:
+    """Start an exec and read its stdout and stderr to the end. docker-py's `exec_start` reads the
+    multiplexed stream from the raw socket, past the HTTP reader's buffer: frames that arrived with
+    the response headers (over TCP, under load) sat in that buffer and were lost, and the exec
+    looked like one that printed nothing. This reads through the buffer. Transports without that
+    reader (ssh, named pipes) keep docker-py's reading."""
+    if api.base_url.startswith(("http+docker://ssh", "http+docker://localnpipe")):
+        out, err = api.exec_start(exec_id, demux=True) or (None, None)
+        return out or b"", err or b""
+    res = api._post_json(api._url("/exec/{0}/start", exec_id), headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+                         data={"Tty": False, "Detach": False}, stream=True)  # fmt: skip
+    try:
+        api._raise_for_status(res)
+        reader = res.raw._fp.fp  # the HTTP response's buffered reader over the hijacked socket
+        api._disable_socket_timeout(reader.raw)  # the command's own limit bounds the wait (exec's timeout)
+        streams = {1: bytearray(), 2: bytearray()}
+        while len(head := reader.read(8)) == 8:
+            kind, size = struct.unpack(">BxxxL", head)
+            data = reader.read(size)
+            streams.get(kind, streams[1]).extend(data)
+            if len(data) < size:
+                break
+        return bytes(streams[1]), bytes(streams[2])
+    finally:
+        res.close()

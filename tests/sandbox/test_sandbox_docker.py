@@ -4,6 +4,7 @@ labels and removal."""
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import threading
 
@@ -151,10 +152,13 @@ def test_removal_frees_the_slot_and_the_volume(docker_client, batch_label: str) 
 
 
 class TcpToUnixProxy:
-    """127.0.0.1:<port> -> the local engine's unix socket: a second "remote" Docker host over TCP."""
+    """127.0.0.1:<port> -> the local engine's unix socket: a second "remote" Docker host over TCP.
+    `coalesce_s`: the engine's answers are held that long and sent on in one piece (as a busy network
+    delivers a response's headers and its first data together)."""
 
-    def __init__(self, socket_path: str = "/var/run/docker.sock") -> None:
+    def __init__(self, socket_path: str = "/var/run/docker.sock", coalesce_s: float = 0.0) -> None:
         self.socket_path = socket_path
+        self.coalesce_s = coalesce_s
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.conns: list[socket.socket] = []
@@ -171,13 +175,15 @@ class TcpToUnixProxy:
             upstream = socket.socket(socket.AF_UNIX)
             upstream.connect(self.socket_path)
             self.conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, hold in ((client, upstream, 0.0), (upstream, client, self.coalesce_s)):
+                threading.Thread(target=self._pipe, args=(a, b, hold), daemon=True).start()
 
     @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(src: socket.socket, dst: socket.socket, hold_s: float) -> None:
         try:
             while data := src.recv(65536):
+                while hold_s and select.select([src], [], [], hold_s)[0] and (more := src.recv(65536)):
+                    data += more
                 dst.sendall(data)
         except OSError:
             pass
@@ -219,6 +225,27 @@ def test_least_loaded_placement_over_several_hosts(batch_label: str) -> None:
     assert boxes[0].host.name != boxes[1].host.name  # alternated
     assert all(o.startswith("on ") for o in outputs) and proxy.accepted > 0
     assert again.host.name == boxes[0].host.name  # the host that had fewer live containers
+
+
+def test_output_that_arrives_with_the_response_headers_is_kept(batch_label: str) -> None:
+    """A TCP host whose answers come in one piece: the exec's output frames arrive in the same read
+    as the HTTP headers, and must still reach the caller (docker-py's exec_start lost them: an exec
+    that printed looked like one that printed nothing)."""
+    proxy = TcpToUnixProxy(coalesce_s=0.1)
+
+    async def body():
+        pool = DockerPool(batch_label=batch_label, hosts=[f"tcp://127.0.0.1:{proxy.port}"])
+        try:
+            box = await pool.start("c0")
+            return [await pool.exec(box, f"echo out {i}; echo err {i} >&2") for i in range(3)]
+        finally:
+            await pool.aclose()
+
+    try:
+        results = run(body())
+    finally:
+        proxy.close()
+    assert [(r.exit_code, r.stdout, r.stderr) for r in results] == [(0, f"out {i}\n", f"err {i}\n") for i in range(3)]
 
 
 def test_cli_lists_and_cleans_up(docker_client, batch_label: str, capsys) -> None:
