@@ -36,7 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "MCP tool gateway (streamable HTTP) at http://HOST:PORT/mcp in front of the --mcp servers. Every "
         "request and tool call runs under the config's scheduling (admission, trajectory-aware routing, "
         "per-worker in-flight limits, environment slots ordered by CAAS) and is recorded as a step, so "
-        "status, report and --compare work on the batch. See docs/gateway.md.",
+        "status, report and --compare work on the batch. With scheduling.policy auto (the default) the "
+        "policy is chosen by simulation on the earlier finished batches of the same name, and a batch "
+        "served by one process re-plans as its samples arrive. See docs/gateway.md.",
     )
     p.add_argument("--config", type=Path, required=True, help="batch config (.yaml/.toml); engine.kind must be "
                    "openai with engine.params.endpoints; the workload section is not used")
@@ -62,7 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--harness-concurrency", type=int, default=None, metavar="N",
                    help="samples the harness runs at once (e.g. inspect_ai --max-samples), for scheduling.policy "
                    "auto, which simulates the policies on the earlier finished batches of the same name with the "
-                   "samples sent N at a time; default: as many as those batches show (docs/gateway.md)")
+                   "samples sent N at a time (choosing and re-planning); default: as many as those batches show "
+                   "(docs/gateway.md)")
     p.add_argument("--report", type=Path, metavar="DIR", help="write the HTML/PNG report to DIR at the end")
     p.add_argument("--no-prefect", action="store_true", help="no Prefect flow run (and no artifacts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
