@@ -418,10 +418,9 @@ async def _replanning(live: _LiveBatch) -> AsyncIterator[None]:
     b = live.batch
     model = engine_model(live.config)
     assert model is not None  # policy auto chose: the engines' timing is known
-    keeper = live.keeper
-    target = LiveTarget(b.store, b.batch_id, live.config, b.coordinator, lambda: len(keeper.leases.live_owners()),
-                        live.window, live.priors,
-                        live.progress, {s.id: (s.task_id, s.index) for s in b.store.samples(b.batch_id)},
+    target = LiveTarget(b.store, b.batch_id, live.config, b.coordinator, lambda: len(live.keeper.leases.live_owners()),
+                        live.window, live.priors, live.progress,
+                        {s.id: (s.task_id, s.index) for s in b.store.samples(b.batch_id)},
                         [e.name for e in live.engines], live.policy)  # fmt: skip
     async with replanning(live.replan, model[1], target):
         yield

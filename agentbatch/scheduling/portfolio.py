@@ -233,4 +233,3 @@ def running_policy_status(config: Mapping[str, Any]) -> dict[str, Any]:
     if policy in (None, "auto", "configured"):
         return {"name": "configured", "by": "fallback" if policy == "auto" else "config"}
     return {"name": policy, "by": "config"}
-

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit import max_overlap
 
 import agentbatch.flows.batch as batch_module
 from agentbatch.dashboards.summary import summarize
@@ -87,7 +88,7 @@ def test_a_live_batch_started_on_a_slow_candidate_switches_and_keeps_the_switch(
         assert set(once.values()) == {1}
         # SLOW runs one sample at a time; after the switch several ran at once
         spans = [(s.admitted_at, s.finished_at) for s in samples]
-        assert max(sum(a <= t < f for a, f in spans) for t, _ in spans) >= 2
+        assert max_overlap(spans) >= 2
     finally:
         store.close()
 
